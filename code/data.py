@@ -1,0 +1,167 @@
+"""The corpus (全宋词), its train/val split, the SentencePiece tokenizer and the token ids.
+
+The tokenizer and token ids are build artefacts: made on first use under data/cache/, keyed by a
+hash of the corpus and of every setting that shapes them, so a changed input rebuilds them and an
+unchanged one reuses them. Each artefact is written to a temporary folder and renamed into place,
+so an interrupted build never leaves a half-written cache behind.
+"""
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+CORPUS_PATH = REPO / "data" / "songci.txt"
+CACHE_DIR = REPO / "data" / "cache"
+SEP = "｜"
+VAL_EVERY = 20  # every 20th ci goes to validation: 5%, spread over the whole corpus
+
+TOKENIZER_SETTINGS = dict(
+    model_type="bpe",
+    vocab_size=8192,
+    character_coverage=1.0,
+    byte_fallback=True,  # a character never seen in training still encodes (as bytes) and decodes exactly
+    normalization_rule_name="identity",  # the default NFKC turns '，' into ','
+    add_dummy_prefix=False,
+    remove_extra_whitespaces=False,
+    split_digits=True,
+    unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+    max_sentence_length=1 << 16,
+    input_sentence_size=0,
+    shuffle_input_sentence=False,
+    num_threads=1,  # one thread: the same tokenizer on every run
+)
+
+
+class CorpusError(RuntimeError):
+    """The corpus file is missing or not what data/make_corpus.py writes."""
+
+
+def load_corpus(path: Path = CORPUS_PATH) -> list[str]:
+    """Every ci as one line, ``词牌｜作者｜正文``."""
+    path = Path(path)
+    if not path.is_file():
+        raise CorpusError(
+            f"corpus file {path.name} not found in {path.parent.name}/: "
+            "restore it with `git checkout data/songci.txt` or `python data/make_corpus.py`")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise CorpusError(f"corpus file {path.name} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    for i, line in enumerate(lines, 1):
+        if line.count(SEP) < 2 or not line.split(SEP, 2)[2]:
+            raise CorpusError(f"corpus file {path.name}, line {i}: expected `词牌｜作者｜正文`, got {line[:30]!r}")
+    if not lines:
+        raise CorpusError(f"corpus file {path.name} is empty")
+    return lines
+
+
+def split_corpus(lines: list[str]) -> tuple[list[str], list[str]]:
+    """Split by whole ci, deterministically: no ci is cut between train and val."""
+    train = [c for i, c in enumerate(lines) if i % VAL_EVERY != VAL_EVERY - 1]
+    val = [c for i, c in enumerate(lines) if i % VAL_EVERY == VAL_EVERY - 1]
+    return train, val
+
+
+def _cache_key(corpus_path: Path) -> str:
+    import sentencepiece as spm
+    h = hashlib.sha256(Path(corpus_path).read_bytes())
+    h.update(json.dumps([TOKENIZER_SETTINGS, VAL_EVERY, spm.__version__], sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def _build(lines: list[str], out: Path) -> None:
+    import sentencepiece as spm
+    train, val = split_corpus(lines)
+    model = io.BytesIO()  # no model_prefix: the trainer would record the (temporary) path in the model
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(train), model_writer=model, minloglevel=2, **TOKENIZER_SETTINGS)
+    (out / "tokenizer.model").write_bytes(model.getvalue())
+    sp = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model"))
+    arrays = {}
+    for name, part in (("train", train), ("val", val)):
+        ids = sp.encode(part)
+        flat = np.fromiter((t for seq in ids for t in (*seq, sp.eos_id())), dtype=np.uint16)
+        arrays[name] = flat
+        arrays[name + "_ci_lengths"] = np.array([len(s) + 1 for s in ids], dtype=np.int32)
+    np.savez(out / "tokens.npz", **arrays)
+
+
+def cache_dir(corpus_path: Path = CORPUS_PATH) -> Path:
+    """Build (if needed) and return the folder holding tokenizer.model and tokens.npz."""
+    lines = load_corpus(corpus_path)
+    final = CACHE_DIR / _cache_key(corpus_path)
+    if (final / "tokens.npz").is_file() and (final / "tokenizer.model").is_file():
+        return final
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="build-", dir=CACHE_DIR))
+    try:
+        _build(lines, tmp)
+        if final.exists():  # an incomplete or concurrent build: replace it
+            shutil.rmtree(final, ignore_errors=True)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / "tokens.npz").is_file():  # lost a race to another process: theirs is identical
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def load_tokenizer(corpus_path: Path = CORPUS_PATH):
+    import sentencepiece as spm
+    return spm.SentencePieceProcessor(model_file=str(cache_dir(corpus_path) / "tokenizer.model"))
+
+
+@dataclass
+class Tokens:
+    train: torch.Tensor  # int64 token ids, each ci followed by eos
+    val: torch.Tensor
+    train_ci_lengths: np.ndarray  # tokens per ci (eos included), to find a ci's tokens again
+    val_ci_lengths: np.ndarray
+    vocab_size: int
+    eos_id: int
+
+
+def load_tokens(corpus_path: Path = CORPUS_PATH) -> Tokens:
+    folder = cache_dir(corpus_path)
+    try:
+        with np.load(folder / "tokens.npz") as z:
+            arrays = {k: z[k] for k in ("train", "val", "train_ci_lengths", "val_ci_lengths")}
+    except (OSError, ValueError, KeyError) as e:
+        shutil.rmtree(folder, ignore_errors=True)  # corrupt: the next call rebuilds it
+        raise CorpusError(f"token cache {folder.name} was unreadable ({type(e).__name__}) and has been "
+                          "removed; run again to rebuild it") from None
+    return Tokens(
+        train=torch.from_numpy(arrays["train"].astype(np.int64)),
+        val=torch.from_numpy(arrays["val"].astype(np.int64)),
+        train_ci_lengths=arrays["train_ci_lengths"], val_ci_lengths=arrays["val_ci_lengths"],
+        vocab_size=TOKENIZER_SETTINGS["vocab_size"], eos_id=TOKENIZER_SETTINGS["eos_id"])
+
+
+def get_batch(tokens: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator):
+    """Random windows of seq_len+1 tokens: inputs x and next-token targets y, each (batch, seq_len).
+
+    Draw one global batch from a generator seeded the same way on every process and let each process
+    take its own slice of rows: then one process with the whole batch and N processes with a slice
+    each see exactly the same data.
+    """
+    if len(tokens) <= seq_len + 1:
+        raise ValueError(f"{len(tokens)} tokens are too few for windows of {seq_len + 1}")
+    starts = torch.randint(len(tokens) - seq_len - 1, (batch_size,), generator=generator)
+    windows = torch.stack([tokens[s:s + seq_len + 1] for s in starts.tolist()])
+    return windows[:, :-1], windows[:, 1:]
+
+
+def fixed_batches(tokens: torch.Tensor, n_batches: int, batch_size: int, seq_len: int, seed: int = 1234):
+    """The same n_batches batches every time: for evaluation curves that compare like with like."""
+    g = torch.Generator().manual_seed(seed)
+    return [get_batch(tokens, batch_size, seq_len, g) for _ in range(n_batches)]

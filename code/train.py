@@ -1,0 +1,88 @@
+"""The training recipe every CPU chapter shares: AdamW with weight decay on matrices only, linear
+warm-up then cosine decay to a floor, gradient-norm clipping, and evaluation on fixed batches."""
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from data import get_batch
+
+
+def configure_optimizer(model, lr: float, weight_decay: float = 0.1, betas=(0.9, 0.95), fused=None):
+    """AdamW that decays matrices (embeddings, linear weights) but not norms' gains."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
+
+
+def lr_at(step: int, max_lr: float, warmup: int, total: int, min_ratio: float = 0.1) -> float:
+    """Learning rate for 0-based `step`: linear warm-up over `warmup` steps, then cosine to min_ratio·max_lr."""
+    if step < warmup:
+        return max_lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return max_lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@torch.no_grad()
+def evaluate(model, batches) -> float:
+    """Mean loss over fixed batches, in eval mode."""
+    was_training = model.training
+    model.eval()
+    losses = [model(x, y)[1].item() for x, y in batches]
+    model.train(was_training)
+    return sum(losses) / len(losses)
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 400
+    batch_size: int = 16
+    seq_len: int = 128
+    lr: float = 3e-3
+    warmup: int = 50
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    betas: tuple = (0.9, 0.95)
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    seed: int = 0
+
+
+@dataclass
+class History:
+    train_loss: list = field(default_factory=list)  # one per step
+    val_steps: list = field(default_factory=list)
+    val_loss: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def train(model, train_tokens, cfg: TrainConfig, val_batches=None, log=None) -> History:
+    """Train `model` in place on random windows of `train_tokens`; evaluate every cfg.eval_every steps."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    opt = configure_optimizer(model, cfg.lr, cfg.weight_decay, cfg.betas)
+    hist = History()
+    model.train()
+    t0 = time.perf_counter()
+    for step in range(cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_ratio)
+        x, y = get_batch(train_tokens, cfg.batch_size, cfg.seq_len, gen)
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        hist.train_loss.append(loss.item())
+        done = step + 1
+        if val_batches is not None and cfg.eval_every and done % cfg.eval_every == 0:
+            hist.val_steps.append(done)
+            hist.val_loss.append(evaluate(model, val_batches))
+            if log:
+                log(f"step {done:4d}  train loss {hist.train_loss[-1]:.4f}  val loss {hist.val_loss[-1]:.4f}")
+    hist.seconds = time.perf_counter() - t0
+    return hist
