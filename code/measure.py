@@ -92,3 +92,98 @@ def glue_measured(name: str, value, fmt: str = "") -> None:
     """
     from myst_nb import glue
     glue(name, format(value, fmt), display=False)
+
+
+# ---- timing a training step (chapters 2, 3, 6, 7) ----
+
+def training_step_fn(model, opt, x, y, autocast_dtype=None, accum: int = 1):
+    """A no-argument function that runs one optimizer step of `model` on the batch (x, y).
+
+    autocast_dtype: None for plain fp32, or torch.bfloat16 for mixed precision (the weights, the
+    gradients and the optimizer stay fp32). accum: split the batch into `accum` micro-batches,
+    divide each loss by `accum` and let backward() sum the gradients (chapter 3).
+    `model` may be a torch.compile'd module. Returns the loss of the last micro-batch (a tensor).
+    """
+    if x.size(0) % accum:
+        raise ValueError(f"batch {x.size(0)} is not divisible by accum={accum}")
+    device_type = x.device.type
+    xs, ys = x.chunk(accum), y.chunk(accum)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        for xm, ym in zip(xs, ys):
+            with torch.autocast(device_type, dtype=autocast_dtype or torch.float32,
+                                enabled=autocast_dtype is not None):
+                _, loss = model(xm, ym)
+            (loss / accum).backward()
+        opt.step()
+        return loss
+    return step
+
+
+def time_steps(fns: dict, warmup: int = 2, repeats: int = 5, rounds: int = 1) -> dict:
+    """Time several step functions fairly on a shared machine.
+
+    Each fn is first called `warmup` times (compilation, allocator, caches; reported as warmup_s).
+    Then `rounds` rounds each call every fn `repeats` times in turn, so a burst of load from
+    elsewhere hits all of them alike. Returns {name: time_it-style dict}; min_s is the best call.
+    """
+    out = {}
+    for name, fn in fns.items():
+        warm = []
+        for _ in range(warmup):
+            t0 = time.perf_counter()
+            fn()
+            warm.append(time.perf_counter() - t0)
+        out[name] = {"warmup_s": warm, "times_s": []}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            out[name]["times_s"] += time_it(fn, warmup=0, repeats=repeats)["times_s"]
+    for r in out.values():
+        r["median_s"] = statistics.median(r["times_s"])
+        r["min_s"] = min(r["times_s"])
+    return out
+
+
+class _quiet_fd2:
+    """Silence C++-level writes to stderr (the profiler's start/stop lines) for a block."""
+
+    def __enter__(self):
+        import sys
+        sys.stderr.flush()
+        self._saved = os.dup(2)
+        self._null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(self._null, 2)
+
+    def __exit__(self, *exc):
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        os.close(self._null)
+
+
+def profile_step(fn, steps: int = 1, profile_memory: bool = False):
+    """Run fn() `steps` times under torch.profiler (CPU) and return the profiler object."""
+    from torch.profiler import ProfilerActivity, profile
+    with _quiet_fd2():
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=profile_memory) as prof:
+            for _ in range(steps):
+                fn()
+    return prof
+
+
+def peak_memory(fn) -> int:
+    """Bytes: the most memory fn() holds at once beyond what existed before it, measured.
+
+    torch.profiler with profile_memory=True records every allocation and free of torch's CPU
+    allocator with its size; summing them in time order gives the live bytes at every instant,
+    and the maximum of that running sum is the peak. It counts tensors (activations, gradients,
+    optimizer state, temporaries), not the Python interpreter or the torch library itself.
+    """
+    prof = profile_step(fn, profile_memory=True)
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak

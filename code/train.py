@@ -37,6 +37,40 @@ def evaluate(model, batches) -> float:
     return sum(losses) / len(losses)
 
 
+def token_bytes(sp, eos_bytes: int = 1) -> torch.Tensor:
+    """UTF-8 bytes each token id stands for in the text: a byte-fallback piece is one byte, a normal
+    piece the bytes of its characters ('▁' is a space), control pieces none; eos ends a line of the
+    corpus file, so it stands for the newline (eos_bytes=1)."""
+    counts = torch.zeros(sp.get_piece_size(), dtype=torch.int64)
+    for i in range(sp.get_piece_size()):
+        if sp.is_byte(i):
+            counts[i] = 1
+        elif i == sp.eos_id():
+            counts[i] = eos_bytes
+        elif not (sp.is_control(i) or sp.is_unknown(i)):
+            counts[i] = len(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
+    return counts
+
+
+@torch.no_grad()
+def bits_per_byte(model, batches, byte_counts: torch.Tensor) -> tuple[float, float]:
+    """(mean loss in nats per token, bits per byte) over fixed batches.
+
+    Bits per byte = total nats over all target tokens / ln 2 / UTF-8 bytes those targets decode to;
+    unlike loss per token it does not depend on how the tokenizer cuts the text."""
+    was_training = model.training
+    model.eval()
+    nats, n_tokens, n_bytes = 0.0, 0, 0
+    for x, y in batches:
+        logits, _ = model(x)
+        nats += torch.nn.functional.cross_entropy(
+            logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum").item()
+        n_tokens += y.numel()
+        n_bytes += int(byte_counts[y].sum())
+    model.train(was_training)
+    return nats / n_tokens, nats / math.log(2) / n_bytes
+
+
 @dataclass
 class TrainConfig:
     steps: int = 400

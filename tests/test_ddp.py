@@ -1,0 +1,79 @@
+"""code/ddp_train.py with two gloo processes: equal to one process, rank-0-only saving, fast failure."""
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = str(Path(__file__).resolve().parent.parent / "code" / "ddp_train.py")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+SMALL = ["--steps", "6", "--global-batch", "4", "--seq-len", "32", "--d-model", "32", "--n-layer", "1",
+         "--n-head", "2", "--clip", "0", "--log-every", "3"]
+
+
+def run(tmp_path, args, nproc=None):
+    launcher = [] if nproc is None else ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, *launcher, SCRIPT, *SMALL, *args], cwd=tmp_path, env=ENV,
+                       capture_output=True, text=True, timeout=120)
+    return p, time.perf_counter() - t0
+
+
+def max_diff(a, b):
+    a, b = torch.load(a)["model"], torch.load(b)["model"]
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ddp")
+    out = {}
+    out["single"], _ = run(d, ["--out", "single.pt"])
+    out["ddp"], _ = run(d, ["--accum", "2", "--out", "ddp.pt"], nproc=2)
+    out["same"], _ = run(d, ["--same-data", "--out", "same.pt"], nproc=2)
+    for p in out.values():
+        assert p.returncode == 0, p.stderr[-2000:]
+    return d, out
+
+
+def test_two_ranks_with_accumulation_equal_one_process(runs):
+    d, _ = runs
+    assert max_diff(d / "single.pt", d / "ddp.pt") < 1e-4
+
+
+def test_same_data_on_both_ranks_is_caught(runs):
+    d, _ = runs
+    assert max_diff(d / "single.pt", d / "same.pt") > 1e-3
+
+
+def test_only_rank0_logs_and_saves_a_plain_state_dict(runs):
+    d, out = runs
+    assert sorted(p.name for p in d.iterdir()) == ["ddp.pt", "same.pt", "single.pt"]  # no temp files left
+    log = out["ddp"].stdout
+    assert log.count("step   6") == 1 and "rank 1: parameters" in log  # rank 0 prints everyone's share
+    ckpt = torch.load(d / "ddp.pt")
+    assert not any(k.startswith("module.") for k in ckpt["model"])
+    from model import GPT, GPTConfig
+    GPT(GPTConfig(**ckpt["config"])).load_state_dict(ckpt["model"])
+
+
+def test_a_crashing_rank_ends_the_launch_fast(tmp_path):
+    p, seconds = run(tmp_path, ["--crash-rank", "1", "--fail-step", "1"], nproc=2)
+    assert p.returncode != 0 and "crashed on purpose" in p.stderr
+    assert seconds < 60
+
+
+def test_a_stuck_rank_times_out_instead_of_hanging(tmp_path):
+    p, seconds = run(tmp_path, ["--hang-rank", "1", "--fail-step", "1", "--timeout", "3"], nproc=2)
+    assert p.returncode != 0 and "Timed out" in p.stderr
+    assert seconds < 60
+
+
+def test_bad_batch_split_is_one_clear_error(tmp_path):
+    p, _ = run(tmp_path, ["--global-batch", "3", "--slices", "2"])
+    assert p.returncode != 0
+    assert p.stderr.strip() == "error: --global-batch 3 does not divide into 2 slices"
