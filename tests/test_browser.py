@@ -1,0 +1,119 @@
+"""The book as a reader meets it: every page of _toc.yml opened in headless Chromium.
+
+Builds the book (strict) if needed, serves _build/html on 127.0.0.1 and checks each page: no console
+errors, its chapter title, its code outputs, its figures decoded, its math rendered. Search for a Chinese
+word from chapter 5 must find chapter 5. A full-page screenshot of each page is kept in
+_build/screenshots/ to look at.
+
+Needs Debian's chromium (/usr/bin/chromium; `.ci/run` installs it). Without it the tests skip, except in
+CI (CI=true), where a missing browser is a failure.
+"""
+import functools
+import http.server
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+HTML = REPO / "_build" / "html"
+SHOTS = REPO / "_build" / "screenshots"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SEARCH_WORD, SEARCH_PAGE = "过拟合", "chapters/05_scaling"
+
+if not CHROMIUM:
+    if os.environ.get("CI") == "true":
+        raise RuntimeError("CI needs Debian's chromium for the browser tests: apt-get install chromium")
+    pytest.skip("no chromium on this machine (apt-get install chromium)", allow_module_level=True)
+playwright = pytest.importorskip("playwright.sync_api")
+
+
+def toc_pages():
+    toc = yaml.safe_load((REPO / "_toc.yml").read_text(encoding="utf-8"))
+    return [toc["root"]] + [c["file"] for c in toc.get("chapters", [])]
+
+
+def page_title(docname):
+    for line in (REPO / f"{docname}.md").read_text(encoding="utf-8").splitlines():
+        if line.startswith("# "):
+            return line[2:].strip()
+    raise AssertionError(f"{docname}.md has no title")
+
+
+@pytest.fixture(scope="module")
+def site():
+    build = subprocess.run([sys.executable, str(REPO / "tests" / "build_book.py"), "--strict"], cwd=REPO)
+    assert build.returncode == 0, "the strict book build failed"
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(HTML))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        yield b
+        b.close()
+
+
+def open_page(browser, url):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url, wait_until="networkidle")
+    return page, errors
+
+
+@pytest.mark.parametrize("docname", toc_pages())
+def test_page_renders(site, browser, docname):
+    source = (REPO / f"{docname}.md").read_text(encoding="utf-8")
+    page, errors = open_page(browser, f"{site}/{docname}.html")
+    try:
+        if "$" in source:  # MathJax typesets after load
+            page.wait_for_selector("mjx-container", timeout=20_000)
+        assert page.locator("h1").first.inner_text().strip().rstrip("#").strip() == page_title(docname)
+        n_code = source.count("```{code-cell}")
+        outputs = page.locator(".cell_output").count()
+        if n_code:
+            assert outputs > 0, "a notebook page shows no code outputs"
+        images = page.eval_on_selector_all(
+            "main img", "imgs => imgs.map(i => [i.complete, i.naturalWidth, i.naturalHeight, i.src])")
+        assert all(ok and w > 0 and h > 0 for ok, w, h, _ in images), f"undecoded images: {images}"
+        if "plt.show()" in source:
+            assert images, "a page that draws a figure shows no image"
+        if "$" in source:
+            assert page.locator("mjx-container").count() > 0, "math is not rendered"
+            assert "\\frac" not in page.locator("main").inner_text()
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / f"{Path(docname).name}.png"), full_page=True)
+        assert not errors, f"console errors: {errors}"
+    finally:
+        page.close()
+
+
+def test_chinese_search_finds_the_scaling_chapter(site, browser):
+    if SEARCH_PAGE not in toc_pages():
+        pytest.fail(f"{SEARCH_PAGE} is not in _toc.yml")
+    page, errors = open_page(browser, f"{site}/search.html?q={SEARCH_WORD}")
+    try:
+        page.wait_for_selector("#search-results ul.search li", timeout=30_000)
+        links = page.eval_on_selector_all("#search-results ul.search li a", "as => as.map(a => a.href)")
+        assert any(re.search(re.escape(SEARCH_PAGE) + r"\.html", href) for href in links), links
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "search.png"))
+        assert not errors, f"console errors: {errors}"
+    finally:
+        page.close()
