@@ -36,12 +36,19 @@ def time_it(fn, warmup: int = 2, repeats: int = 5) -> dict:
     return {"warmup_s": warm, "median_s": statistics.median(times), "min_s": min(times), "times_s": times}
 
 
-def matmul_peak(dtype=torch.float32, n: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of an n×n×n matmul in `dtype` on this CPU: the practical peak to measure MFU against."""
+def matmul_fn(dtype=torch.float32, n: int = 2048):
+    """(fn, flops): a no-argument n×n×n matmul in `dtype` and the FLOPs one call does. Time it
+    together with training steps (time_steps) so that both see the same load on a shared machine."""
     a = torch.randn(n, n).to(dtype)
     b = torch.randn(n, n).to(dtype)
-    stats = time_it(lambda: torch.mm(a, b), warmup=2, repeats=repeats)
-    return 2 * n**3 / stats["min_s"]
+    return (lambda: torch.mm(a, b)), 2 * n**3
+
+
+def matmul_peak(dtype=torch.float32, n: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of an n×n×n matmul in `dtype` on this CPU: the practical peak to measure MFU against."""
+    fn, flops = matmul_fn(dtype, n)
+    stats = time_it(fn, warmup=2, repeats=repeats)
+    return flops / stats["min_s"]
 
 
 def cpu_name() -> str:
