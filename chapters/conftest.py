@@ -1,6 +1,10 @@
 """nbval: cells tagged `cuda` run only where CUDA exists; elsewhere they are skipped, not failed."""
 import pytest
 
+# Build matplotlib's font cache now: on a fresh machine the first import prints "Matplotlib is
+# building the font cache" on stderr, which nbval would compare against the stored outputs.
+import matplotlib.font_manager  # noqa: E402,F401
+
 
 def pytest_collection_modifyitems(config, items):
     try:

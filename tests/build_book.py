@@ -33,6 +33,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="Build the book to _build/html.")
     ap.add_argument("--strict", action="store_true", help="treat warnings as errors")
     args = ap.parse_args()
+    import matplotlib.font_manager  # noqa: F401  (build the font cache here, not in a chapter's output)
     digest = inputs_hash()
     stale = not STAMP.is_file() or STAMP.read_text() != digest
     cmd = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(REPO)]

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 HTML = REPO / "_build" / "html"
 SHOTS = REPO / "_build" / "screenshots"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-SEARCH_WORD, SEARCH_PAGE = "过拟合", "chapters/05_scaling"
+SEARCH_WORD, SEARCH_PAGE = "递减", "chapters/05_scaling"  # 收益递减: diminishing returns
 
 if not CHROMIUM:
     if os.environ.get("CI") == "true":

@@ -34,3 +34,15 @@ def test_ipynb_holds_executed_outputs(md):
         f"{md.with_suffix('.ipynb').name} has unexecuted cells; run tests/refresh_notebooks.py"
     counts = [c.execution_count for c in code]
     assert counts == sorted(counts), "cells were executed out of order"
+
+
+@pytest.mark.parametrize("md", NOTEBOOK_MDS, ids=lambda p: p.name)
+def test_stored_outputs_hold_nothing_that_changes_every_run(md):
+    """An object's repr with its memory address, or an absolute path, can never match on a re-run."""
+    import re
+    nb = jupytext.read(md.with_suffix(".ipynb"))
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            text = out.get("text", "") + "".join(str(v) for k, v in out.get("data", {}).items() if k.startswith("text"))
+            assert not re.search(r" at 0x[0-9a-f]{6,}", text), f"cell {i} of {md.name} prints a memory address"
+            assert str(CHAPTERS.parent) not in text, f"cell {i} of {md.name} prints an absolute path"
