@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 @dataclass
@@ -61,7 +62,13 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
         q, k = apply_rope(q, cos[:T], sin[:T]), apply_rope(k, cos[:T], sin[:T])
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if x.device.type == "cpu":
+            # the CPU flash kernel's bf16 backward is slow, and written out as matmuls + softmax
+            # torch.compile can fuse it: measured faster here in bf16 and under compile, no slower in fp32 eager
+            with sdpa_kernel(SDPBackend.MATH):
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -87,6 +94,68 @@ class Block(nn.Module):
     def forward(self, x, cos, sin):
         x = x + self.attn(self.attn_norm(x), cos, sin)
         return x + self.mlp(self.mlp_norm(x))
+
+
+VOCAB_BLOCK = 256  # rows per block: 256 × 8192 fp32 logits = 8 MiB; smaller blocks help compiled bf16 most
+
+
+class _VocabCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of logits = h @ weightᵀ, computed a block of rows at a time.
+
+    The plain way writes all N×V logits (2048 × 8192 floats = 64 MiB for one 16×128 batch), then
+    reads and writes them again in log-softmax, its backward and the gather, so the step waits on
+    memory, not arithmetic. Here each block's logits stay small enough to stay in cache: the loss
+    and its gradient (softmax − one-hot) are made in place, and the gradient's two matmuls run
+    right away. backward() only scales the stored gradients by the incoming one.
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, block):
+        n = h.size(0)
+        grad_h = torch.empty_like(h)
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        for i in range(0, n, block):
+            hb, tb = h[i:i + block], targets[i:i + block]
+            logits = torch.mm(hb, weight.t()).float()
+            target_logit = logits.gather(1, tb[:, None])
+            top = logits.amax(dim=1, keepdim=True)
+            probs = logits.sub_(top).exp_()  # softmax numerators, in place
+            norm = probs.sum(dim=1, keepdim=True)
+            total += (top + norm.log() - target_logit).sum()  # log-sum-exp minus the target's logit
+            probs.div_(norm)
+            probs[torch.arange(probs.size(0), device=probs.device), tb] -= 1
+            probs = probs.to(h.dtype)
+            grad_h[i:i + block] = torch.mm(probs, weight.to(h.dtype))
+            grad_w += torch.mm(probs.t(), hb).float()
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.n, ctx.weight_dtype = n, weight.dtype
+        return total / n
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w = ctx.saved_tensors
+        scale = grad_out / ctx.n
+        return grad_h * scale.to(grad_h.dtype), (grad_w * scale).to(ctx.weight_dtype), None, None
+
+
+def vocab_cross_entropy(h, weight, targets, block: int | None = None):
+    """Mean cross-entropy of the logits h @ weightᵀ against targets, without all the logits at once.
+
+    h: (N, d), weight: (V, d), targets: (N,) token ids. Equal to
+    F.cross_entropy(h @ weight.T, targets) up to float rounding. On a CPU, with gradients wanted,
+    it runs _VocabCrossEntropy; without gradients (evaluation) it still goes a block at a time.
+    On a GPU it is the plain form: torch.compile fuses it there and the logits fit in memory.
+    """
+    block = block or VOCAB_BLOCK
+    if h.device.type != "cpu":
+        return F.cross_entropy(torch.mm(h, weight.t().to(h.dtype)).float(), targets)
+    if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+        return _VocabCrossEntropy.apply(h, weight, targets, block)
+    total = sum(F.cross_entropy(torch.mm(h[i:i + block], weight.t().to(h.dtype)).float(),
+                                targets[i:i + block], reduction="sum")
+                for i in range(0, h.size(0), block))
+    return total / h.size(0)
 
 
 class GPT(nn.Module):
@@ -122,8 +191,9 @@ class GPT(nn.Module):
         x = self.tok_emb(idx)
         for block in self.blocks:
             x = block(x, self.rope_cos, self.rope_sin)
-        logits = self.lm_head(self.final_norm(x))
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
-        return logits, loss
+        x = self.final_norm(x)
+        if targets is None:
+            return self.lm_head(x), None
+        # training and evaluation need only the loss: skip the full logits (see vocab_cross_entropy)
+        loss = vocab_cross_entropy(x.reshape(-1, x.size(-1)), self.lm_head.weight, targets.reshape(-1))
+        return None, loss

@@ -3,7 +3,9 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig, vocab_cross_entropy
 
 SPEC_TABLE = [  # d_model, n_layer, n_head, params — ../shared/BOOK.md
     (64, 2, 2, 618_816),
@@ -65,3 +67,47 @@ def test_forward_shapes_and_too_long_input():
 def test_bad_head_count_is_a_clear_error():
     with pytest.raises(ValueError, match="divisible"):
         GPTConfig(d_model=100, n_head=3)
+
+
+def _plain_and_blocked(n, block, autocast=False):
+    torch.manual_seed(0)
+    h0, w0 = torch.randn(n, 32), torch.randn(500, 32) * 0.1
+    t = torch.randint(0, 500, (n,))
+    out = []
+    for blocked in (False, True):
+        h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = (vocab_cross_entropy(h, w, t, block) if blocked else
+                    F.cross_entropy(torch.mm(h, w.t()).float(), t))
+        (3.0 * loss).backward()  # a non-unit incoming gradient must scale both stored gradients
+        out.append((loss.detach(), h.grad, w.grad))
+    return out
+
+
+@pytest.mark.parametrize("n, block", [(64, 16), (70, 16), (64, 256)])
+def test_blocked_cross_entropy_equals_plain(n, block):
+    (l0, gh0, gw0), (l1, gh1, gw1) = _plain_and_blocked(n, block)
+    assert l1.dtype == torch.float32 and torch.allclose(l0, l1, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(gh0, gh1, rtol=1e-5, atol=1e-7)
+    assert torch.allclose(gw0, gw1, rtol=1e-5, atol=1e-7)
+
+
+def test_blocked_cross_entropy_under_bf16_autocast():
+    (l0, gh0, gw0), (l1, gh1, gw1) = _plain_and_blocked(64, 16, autocast=True)
+    assert gh1.dtype == gw1.dtype == torch.float32  # gradients land in the parameters' dtype
+    assert torch.allclose(l0, l1, rtol=1e-2) and torch.allclose(gw0, gw1, rtol=0.05, atol=1e-3)
+
+
+def test_model_loss_equals_cross_entropy_of_its_logits():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(d_model=64, n_layer=2, n_head=2, seq_len=32))
+    x, y = torch.randint(0, 8192, (4, 32)), torch.randint(0, 8192, (4, 32))
+    logits, _ = model(x)
+    plain = F.cross_entropy(logits.reshape(-1, 8192), y.reshape(-1))
+    none, loss = model(x, y)  # with targets the full logits are never made
+    assert none is None and torch.allclose(loss, plain, rtol=1e-6)
+    with torch.no_grad():  # evaluation takes the no-gradient path
+        assert torch.allclose(model(x, y)[1], plain, rtol=1e-6)
+    g_plain = torch.autograd.grad(plain, model.tok_emb.weight)[0]
+    g_model = torch.autograd.grad(loss, model.tok_emb.weight)[0]
+    assert torch.allclose(g_plain, g_model, rtol=1e-4, atol=1e-8)
