@@ -84,6 +84,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     eval_every: int = 100
     seed: int = 0
+    autocast: torch.dtype | None = None  # e.g. torch.bfloat16: mixed precision; weights stay fp32
 
 
 @dataclass
@@ -105,7 +106,8 @@ def train(model, train_tokens, cfg: TrainConfig, val_batches=None, log=None) -> 
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_ratio)
         x, y = get_batch(train_tokens, cfg.batch_size, cfg.seq_len, gen)
-        _, loss = model(x, y)
+        with torch.autocast(x.device.type, dtype=cfg.autocast or torch.float32, enabled=cfg.autocast is not None):
+            _, loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip:

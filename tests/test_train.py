@@ -40,6 +40,18 @@ def test_train_lowers_loss_and_is_reproducible():
     assert runs[0].train_loss == runs[1].train_loss
 
 
+def test_train_with_bf16_autocast_keeps_fp32_weights_and_learns():
+    tokens = torch.arange(2000) % 64
+    batches = [(tokens[:16].view(1, 16), tokens[1:17].view(1, 16))]
+    cfg = TrainConfig(steps=30, batch_size=4, seq_len=16, warmup=5, eval_every=30, autocast=torch.bfloat16)
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    before = evaluate(model, batches)
+    hist = train(model, tokens, cfg, val_batches=batches)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert hist.val_loss[-1] < before - 0.3
+
+
 class FakeSP:
     """The four kinds of pieces token_bytes must tell apart."""
     pieces = ["<unk>", "<s>", "</s>", "<0xE4>", "宋", "词▁a"]
