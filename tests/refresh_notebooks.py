@@ -22,7 +22,7 @@ def refresh(md: Path) -> None:
     t0 = time.perf_counter()
     import torch  # CUDA-tagged cells run only where CUDA exists
     skip = "no-such-tag" if torch.cuda.is_available() else "cuda"
-    NotebookClient(nb, timeout=1800, kernel_name="python3", skip_cells_with_tag=skip,
+    NotebookClient(nb, timeout=1800, kernel_name="python3", skip_cells_with_tag=skip, record_timing=False,
                    resources={"metadata": {"path": str(md.parent)}}).execute()
     out = md.with_suffix(".ipynb")
     tmp = out.with_suffix(".ipynb.tmp")
