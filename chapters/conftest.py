@@ -63,6 +63,10 @@ def pytest_runtest_makereport(item, call):
         run["outputs"][id(cell)] = item.test_outputs
     elif report.skipped and "cuda" in cell.get("metadata", {}).get("tags", []):
         run["outputs"][id(cell)] = []  # what a build without CUDA shows for it: no output
+    n_code = sum(c.cell_type == "code" for c in run["nb"].cells)
+    if not run.get("cached") and not run["failed"] and len(run["outputs"]) == n_code:
+        run["cached"] = True  # the chapter's last cell: cache it now, before the browser tests build
+        _cache(Path(str(item.fspath)), run)
 
 
 def as_the_build_reads(md: Path):
@@ -93,19 +97,13 @@ def _executed_notebook(run, nb):
     return nb
 
 
-def pytest_sessionfinish(session, exitstatus):
-    ready = {}
-    for path, run in _runs.items():
-        md = path.with_suffix(".md")
-        if md.is_file() and (nb := _executed_notebook(run, as_the_build_reads(md))) is not None:
-            ready[md] = nb
-    if not ready:
+def _cache(path: Path, run) -> None:
+    md = path.with_suffix(".md")
+    if not md.is_file() or (nb := _executed_notebook(run, as_the_build_reads(md))) is None:
         return
     from jupyter_cache.base import CacheBundleIn
 
     cache = build_book.execution_cache(build_book.inputs_hash())
-    for md, nb in ready.items():
-        cache.cache_notebook_bundle(
-            CacheBundleIn(nb, str(md), data={"execution_seconds": time.time() - _runs[md.with_suffix(".ipynb")]["start"],
-                                             "executed_by": "nbval"}),
-            check_validity=False, overwrite=True)
+    cache.cache_notebook_bundle(
+        CacheBundleIn(nb, str(md), data={"execution_seconds": time.time() - run["start"], "executed_by": "nbval"}),
+        check_validity=False, overwrite=True)
