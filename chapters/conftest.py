@@ -55,8 +55,10 @@ def pytest_runtest_makereport(item, call):
     cell = getattr(item, "cell", None)
     if cell is None:
         return
-    run = _runs.setdefault(Path(str(item.fspath)), {"nb": item.parent.nb, "outputs": {}, "failed": False,
-                                                    "start": time.time()})
+    run = _runs.get(Path(str(item.fspath)))
+    if run is None:  # the chapter's first cell: note the inputs its outputs will come from
+        run = _runs[Path(str(item.fspath))] = {"nb": item.parent.nb, "outputs": {}, "failed": False,
+                                               "start": time.time(), "inputs": build_book.inputs_hash()}
     if report.failed:
         run["failed"] = True
     elif report.when == "call" and report.passed:
@@ -103,7 +105,10 @@ def _cache(path: Path, run) -> None:
         return
     from jupyter_cache.base import CacheBundleIn
 
-    cache = build_book.execution_cache(build_book.inputs_hash())
+    digest = build_book.inputs_hash()
+    if digest != run["inputs"]:
+        return  # code/ or the corpus changed while the chapter ran: its outputs may be from either
+    cache = build_book.execution_cache(digest)
     cache.cache_notebook_bundle(
         CacheBundleIn(nb, str(md), data={"execution_seconds": time.time() - run["start"], "executed_by": "nbval"}),
         check_validity=False, overwrite=True)

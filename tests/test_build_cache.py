@@ -31,7 +31,7 @@ book_html = chapters_conftest.book_html  # the hook the build runs, as the conft
 
 
 def _run(nb, outputs, failed=False):
-    return {"nb": nb, "outputs": outputs, "failed": failed, "start": 0.0}
+    return {"nb": nb, "outputs": outputs, "failed": failed, "start": 0.0, "inputs": ""}
 
 
 @pytest.mark.parametrize("chapter", ["02_speed", "06_gpu"])
