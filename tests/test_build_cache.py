@@ -19,14 +19,9 @@ from myst_parser.config.main import MdParserConfig
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-chapters_conftest = _load("chapters_conftest", REPO / "chapters" / "conftest.py")
+_spec = importlib.util.spec_from_file_location("chapters_conftest", REPO / "chapters" / "conftest.py")
+chapters_conftest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(chapters_conftest)  # it loads build_book and _ext/book_html the same way
 book_html = chapters_conftest.book_html  # the hook the build runs, as the conftest loaded it
 
 
