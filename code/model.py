@@ -5,7 +5,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from shapes import mlp_hidden
 
 
 @dataclass
@@ -24,8 +27,7 @@ class GPTConfig:
 
     @property
     def mlp_hidden(self) -> int:
-        # 8/3·d keeps SwiGLU's three matrices at the cost of a 4·d two-matrix MLP; round down to 32
-        return 32 * int(8 * self.d_model / 3 // 32)
+        return mlp_hidden(self.d_model)
 
 
 class RMSNorm(nn.Module):
@@ -170,6 +172,7 @@ class GPT(nn.Module):
         cos, sin = rope_tables(cfg.seq_len, cfg.d_model // cfg.n_head)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.checkpoint_blocks = False  # True: keep only each block's input, recompute it in backward
         self.apply(self._init_weights)
         # scale the residual projections down so the residual stream does not grow with depth
         for name, p in self.named_parameters():
@@ -190,7 +193,12 @@ class GPT(nn.Module):
             raise ValueError(f"sequence length {T} exceeds the model's seq_len {self.cfg.seq_len}")
         x = self.tok_emb(idx)
         for block in self.blocks:
-            x = block(x, self.rope_cos, self.rope_sin)
+            if self.checkpoint_blocks and torch.is_grad_enabled():
+                # activation checkpointing: the block's activations are dropped after forward and
+                # made again, from its saved input, when backward reaches it
+                x = checkpoint(block, x, self.rope_cos, self.rope_sin, use_reentrant=False)
+            else:
+                x = block(x, self.rope_cos, self.rope_sin)
         x = self.final_norm(x)
         if targets is None:
             return self.lm_head(x), None

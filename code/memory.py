@@ -1,0 +1,360 @@
+"""The memory ledger: the bytes one training step of the book's GPT holds on each device.
+
+This is the one place the memory formulas live; the budget estimator, the GPU script and the
+chapters call it. Every figure names its precision layout and kernels, because the same model
+splits its bytes differently under each.
+
+  state        weights, gradients and optimizer state, in bytes per parameter for a precision
+               layout, divided across devices as DDP or ZeRO-1/2/3 (FSDP) divide them;
+  activations  what autograd saves for backward, per layer and for the head, derived term by term
+               from this model's own operations; `trace_saved_bytes` counts the same thing from a
+               real forward pass, and the tests hold the two equal to the byte;
+  logits       the vocabulary-sized tensors of the loss, saved and temporary;
+  checkpoint   per-block activation checkpointing keeps only each block's input and recomputes one
+               block at a time during backward.
+
+Pure Python except `trace_saved_bytes` (which imports torch when called).
+"""
+from dataclasses import dataclass
+
+from shapes import matrix_param_count, mlp_hidden
+
+# ---- state: bytes per parameter ------------------------------------------------------------------
+
+# Each layout: bytes per parameter of the weights a forward pass reads, of their gradients, of an
+# fp32 master copy (if the weights are not fp32 themselves) and of Adam's two fp32 moments.
+LAYOUTS = {
+    # train_gpu.py: fp32 weights updated by the optimizer, matmuls in bf16 under torch.autocast;
+    # gradients land in the weights' dtype, fp32. No separate master copy: the weights are it.
+    "autocast": dict(weights=4, grads=4, master=0, moments=8),
+    # Megatron-style mixed precision: bf16 weights and gradients, an fp32 master copy in the optimizer.
+    "mixed": dict(weights=2, grads=2, master=4, moments=8),
+}
+LAYOUT_NAMES = {"autocast": "autocast over fp32 weights (train_gpu.py)",
+                "mixed": "bf16 weights + fp32 master (Megatron)"}
+SCHEMES = ("ddp", "zero1", "zero2", "zero3")
+SCHEME_NAMES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3/FSDP"}
+
+
+def bytes_per_param(layout: str = "autocast", fp32_grads: bool = False) -> dict:
+    """{'weights', 'grads', 'optimizer'} bytes per parameter (optimizer = master copy + moments).
+
+    fp32_grads: keep (or accumulate) gradients in fp32 under the mixed layout, as Megatron does by
+    default: 18 bytes instead of 16. The autocast layout's gradients are fp32 already."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
+    lay = LAYOUTS[layout]
+    grads = 4 if fp32_grads else lay["grads"]
+    return {"weights": lay["weights"], "grads": grads, "optimizer": lay["master"] + lay["moments"]}
+
+
+def state_bytes(n_params: float, gpus: int = 1, scheme: str = "ddp", layout: str = "autocast",
+                fp32_grads: bool = False) -> dict:
+    """Weights, gradients and optimizer state on one device, in bytes.
+
+    ZeRO (Rajbhandari et al., 2020) partitions the optimizer state across the data-parallel devices
+    (stage 1), then also the gradients (stage 2), then also the weights (stage 3, which FSDP
+    implements). Whatever a stage partitions, each device holds 1/gpus of it."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
+    if gpus < 1:
+        raise ValueError(f"gpus must be at least 1, got {gpus}")
+    per = bytes_per_param(layout, fp32_grads)
+    stage = SCHEMES.index(scheme)  # 0 ddp, 1 zero1, 2 zero2, 3 zero3
+    sharded = {"optimizer": stage >= 1, "grads": stage >= 2, "weights": stage >= 3}
+    return {part: n_params * per[part] / (gpus if sharded[part] else 1)
+            for part in ("weights", "grads", "optimizer")}
+
+
+# ---- activations: what autograd saves ---------------------------------------------------------------
+
+# The two ways the book's model runs a step (model.py picks by device):
+KERNELS = {
+    # train_gpu.py on a GPU, eager: bf16 autocast over fp32 weights, flash attention, the plain
+    # cross-entropy over the whole vocabulary.
+    "gpu": "bf16 autocast, flash attention, full logits",
+    # the CPU chapters: fp32, the math attention kernel (it saves the s×s probabilities), and the
+    # blocked cross-entropy that never holds all logits (model.vocab_cross_entropy).
+    "cpu": "fp32, math attention, blocked cross-entropy",
+}
+CPU_LOSS_BLOCK = 256  # rows of logits the blocked cross-entropy holds at once (model.VOCAB_BLOCK)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One training step's shape: the model and the micro-batch on one device."""
+    d_model: int
+    n_layer: int
+    n_head: int
+    seq_len: int
+    micro_batch: int
+    vocab_size: int = 8192
+
+    def __post_init__(self):
+        for name in ("d_model", "n_layer", "n_head", "seq_len", "micro_batch", "vocab_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.d_model % self.n_head or (self.d_model // self.n_head) % 2:
+            raise ValueError(f"d_model {self.d_model} must split into {self.n_head} heads of even size (RoPE)")
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch * self.seq_len
+
+
+def layer_bytes(shape: Shape, kernels: str = "gpu") -> int:
+    """Bytes autograd saves for one transformer block (t tokens, width h, MLP width f, a heads).
+
+    gpu (bf16 autocast, flash attention); fp32 tensors are 4 bytes per number, bf16 2:
+      two RMSNorms, each: its fp32 input, the normalised input and 1/rms  2·(4th + 4th + 4t)
+      bf16 copies of the inputs that autocast makes for qkv, gate and up   2th + 2th + 2th
+      the qkv output (flash keeps v, a view into it)                       6th
+      q and k after RoPE, the attention output (flash)                     2th + 2th + 2th
+      flash's log-sum-exp per head and token                               4ta
+      RoPE's cos and sin cast to bf16, for q and for k                     4·s·(h/a)
+      flash's random-number seed and offset (two uint64 tensors)           24
+      SwiGLU: gate output, silu(gate), up output, their product            4 · 2tf
+    = 34th + 8tf + 8t + 4ta + 4s(h/a) + 24. The attention output is saved once: flash returns it in
+    (batch, seq, head) order, so the projection's input is a view of it.
+
+    cpu (fp32, math attention):
+      two RMSNorms as above                                                2·(8th + 4t)
+      the normalised inputs of qkv and of gate/up                          4th + 4th
+      math attention: scaled q, scaled k, a copy of v, the probabilities   3·4th + 4·b·a·s²
+      the projection's input (a copy of the attention output)              4th
+      SwiGLU                                                               4 · 4tf
+    = 40th + 16tf + 8t + 4bas².
+    """
+    t, h, a, s = shape.tokens, shape.d_model, shape.n_head, shape.seq_len
+    f = mlp_hidden(h)
+    if kernels == "gpu":
+        return 34 * t * h + 8 * t * f + 8 * t + 4 * t * a + 4 * s * (h // a) + 24
+    if kernels == "cpu":
+        return 40 * t * h + 16 * t * f + 8 * t + 4 * shape.micro_batch * a * s * s
+    raise ValueError(f"unknown kernels {kernels!r}; choose one of {', '.join(KERNELS)}")
+
+
+def head_bytes(shape: Shape, kernels: str = "gpu") -> int:
+    """Bytes saved outside the blocks, not counting the vocabulary-sized logits: the token ids (int64),
+    the final RMSNorm (8th + 4t) and the loss's input. gpu: bf16 copy of the final hidden states
+    (2th) and the int64 targets; cpu: the blocked loss keeps only its gradient w.r.t. the hidden
+    states (4th), made during forward."""
+    t, h = shape.tokens, shape.d_model
+    if kernels == "gpu":
+        return 8 * t + 8 * t * h + 4 * t + 2 * t * h + 8 * t + 4  # + the loss's scalar total weight
+    if kernels == "cpu":
+        return 8 * t + 8 * t * h + 4 * t + 4 * t * h
+    raise ValueError(f"unknown kernels {kernels!r}; choose one of {', '.join(KERNELS)}")
+
+
+def logits_bytes(shape: Shape, kernels: str = "gpu") -> dict:
+    """The vocabulary-sized tensors of the loss: {'saved', 'temporary'} bytes.
+
+    gpu: cross_entropy saves its fp32 log-probabilities (4tV). At the start of backward two more
+    t×V fp32 tensors exist at once, the gradient of the log-probabilities and of the logits (8tV).
+    cpu: the blocked loss saves its gradient w.r.t. the (tied) output matrix, V×h fp32; while it
+    runs it holds one block of fp32 logits and that block's V×h contribution to the gradient."""
+    t, h, v = shape.tokens, shape.d_model, shape.vocab_size
+    if kernels == "gpu":
+        return {"saved": 4 * t * v, "temporary": 8 * t * v}
+    if kernels == "cpu":
+        return {"saved": 4 * v * h, "temporary": 4 * min(t, CPU_LOSS_BLOCK) * v + 4 * v * h}
+    raise ValueError(f"unknown kernels {kernels!r}; choose one of {', '.join(KERNELS)}")
+
+
+def weight_copy_bytes(shape: Shape, kernels: str = "gpu") -> dict:
+    """Under autocast every matmul saves the bf16 copy of its weight for backward: 2 bytes per matrix
+    parameter, {'blocks': per block, 'output': the output matrix's, made from its transpose}."""
+    if kernels != "gpu":
+        return {"blocks": 0, "output": 0}
+    h = shape.d_model
+    return {"blocks": 2 * (4 * h * h + 3 * h * mlp_hidden(h)), "output": 2 * shape.vocab_size * h}
+
+
+def activation_bytes(shape: Shape, kernels: str = "gpu", checkpoint: bool = False) -> dict:
+    """What one micro-batch keeps for backward, by part, in bytes.
+
+    checkpoint: per-block activation checkpointing. Each block keeps only its fp32 input (4th);
+    during backward one block at a time is recomputed and holds its activations (and, under
+    autocast, its weight copies) again: the 'recomputed block' part."""
+    layer = layer_bytes(shape, kernels)
+    copies = weight_copy_bytes(shape, kernels)
+    n_layer, t, h = shape.n_layer, shape.tokens, shape.d_model
+    out = {"layers": n_layer * (4 * t * h if checkpoint else layer),
+           "recomputed block": layer + copies["blocks"] if checkpoint else 0,
+           "head": head_bytes(shape, kernels),
+           "logits": logits_bytes(shape, kernels)["saved"],
+           "weight copies": copies["output"] + (0 if checkpoint else n_layer * copies["blocks"])}
+    return out
+
+
+def activation_coefficient(shape: Shape, kernels: str = "gpu") -> float:
+    """Bytes per layer per (token · hidden unit): this model's answer to the 34 in 34·s·b·h."""
+    return layer_bytes(shape, kernels) / (shape.tokens * shape.d_model)
+
+
+def step_bytes(shape: Shape, n_params: float, gpus: int = 1, scheme: str = "ddp",
+               layout: str = "autocast", fp32_grads: bool = False, checkpoint: bool = False,
+               kernels: str = "gpu") -> dict:
+    """Peak bytes of a training step on one device, by part, and their 'total'.
+
+    The state (weights, gradients, optimizer) is there throughout. Activations peak at one of two
+    moments: the end of forward, when everything saved and the loss's temporaries coexist; or,
+    with checkpointing, while backward recomputes the last block (the head's tensors are freed by
+    then). The parts are those of the larger moment; a part absent at that moment is 0.
+    Left out: backward's short-lived gradients of activations, the CUDA context and the
+    allocator's fragmentation (on a GPU, budget a few GB for these)."""
+    out = state_bytes(n_params, gpus, scheme, layout, fp32_grads)
+    act = activation_bytes(shape, kernels, checkpoint)
+    act["logit temporaries"] = logits_bytes(shape, kernels)["temporary"]
+    forward_end = {**act, "recomputed block": 0}
+    recompute = {part: 0 for part in act}
+    if checkpoint:
+        recompute.update({"layers": act["layers"], "recomputed block": act["recomputed block"]})
+    out.update(max(forward_end, recompute, key=lambda parts: sum(parts.values())))
+    out["total"] = sum(out.values())
+    return out
+
+
+def measured_peak_prediction(shape: Shape, n_params: int, accum: int = 1, checkpoint: bool = False) -> int:
+    """What measure.peak_memory should find for one optimizer step of the CPU path: the step's
+    activation peak plus the fp32 gradients it creates, beyond the weights and the optimizer state
+    that exist before the step. (With accum > 1 all gradients exist while the last micro-batch runs.)"""
+    peak = step_bytes(shape, n_params, checkpoint=checkpoint, kernels="cpu")
+    return peak["total"] - peak["weights"] - peak["optimizer"]
+
+
+# ---- witness: count what autograd really saves ---------------------------------------------------
+
+def trace_saved_bytes(shape: Shape, kernels: str = "gpu", checkpoint: bool = False) -> dict:
+    """Run one forward pass of the book's GPT and count the bytes autograd saves for backward.
+
+    Every tensor saved for backward passes through torch.autograd.graph.saved_tensors_hooks; a
+    storage is counted once however many views of it are saved, and the parameters' and buffers'
+    own storages are left out (they are state, not activations).
+
+    kernels="gpu" runs on the meta device (shapes only, no memory: a 7B shape takes seconds) with
+    autocast's rule applied by hand, because torch.autocast does nothing to meta tensors: matmuls
+    and attention cast their floating inputs to bf16, parameters once per step. Attention calls
+    the flash kernel's own aten op, whose autograd formula saves what it saves on a GPU (q, k, v,
+    output, log-sum-exp), with the output in the (batch, seq, head) order the CUDA kernel returns.
+    kernels="cpu" runs the real CPU path (fp32, math attention, blocked loss) on real tensors:
+    keep the shape small.
+
+    Returns the parts of activation_bytes and their 'total', in bytes: 'layers' is what is saved
+    between the embedding's output and the final norm, 'logits' any other saved tensor with a
+    vocabulary-sized dimension, 'weight copies' the bf16 copies of parameters, 'head' the rest.
+    With checkpoint=True, 'recomputed block' is what a one-block model saves (the recomputation
+    runs the same operations), beyond the copies the checkpointed run already keeps."""
+    import torch
+
+    from model import GPT, GPTConfig
+
+    device = {"gpu": "meta", "cpu": "cpu"}[kernels]
+    cfg = GPTConfig(vocab_size=shape.vocab_size, d_model=shape.d_model, n_layer=shape.n_layer,
+                    n_head=shape.n_head, seq_len=shape.seq_len)
+    with torch.device(device):
+        model = GPT(cfg)
+        idx = torch.zeros(shape.micro_batch, shape.seq_len, dtype=torch.long)
+        targets = torch.zeros(shape.micro_batch, shape.seq_len, dtype=torch.long)
+    model.checkpoint_blocks = checkpoint
+    state = {t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())}
+
+    # everything saved between the embedding's output and the final norm belongs to the blocks
+    # (under checkpointing that is each block's input, which checkpoint() keeps for the recomputation)
+    where = ["head"]
+    model.tok_emb.register_forward_hook(lambda *_: where.__setitem__(0, "layers"))
+    model.final_norm.register_forward_pre_hook(lambda *_: where.__setitem__(0, "head"))
+
+    saved = {}
+    copies = set()  # storages of bf16 copies of parameters (filled by AutocastByHand)
+
+    def count(t):
+        key = t.untyped_storage()._cdata
+        if key not in state and key not in saved:
+            part = "weight copies" if key in copies else where[0]
+            if part == "head" and shape.vocab_size in t.shape:
+                part = "logits"
+            saved[key] = (part, t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
+        if kernels == "gpu":
+            with AutocastByHand(torch.bfloat16, flash=True, copies=copies):
+                model(idx, targets)
+        else:
+            model(idx, targets)
+    out = {"layers": 0, "recomputed block": 0, "head": 0, "logits": 0, "weight copies": 0}
+    for part, nbytes in saved.values():
+        out[part] += nbytes
+    if checkpoint:  # backward recomputes one block at a time: what one block saves, copies included
+        one = trace_saved_bytes(Shape(shape.d_model, 1, shape.n_head, shape.seq_len, shape.micro_batch,
+                                      shape.vocab_size), kernels)
+        out["recomputed block"] = one["layers"] + one["weight copies"] - out["weight copies"]
+    out["total"] = sum(out.values())
+    return out
+
+
+def AutocastByHand(dtype, flash: bool = False, copies: set | None = None):
+    """A context that applies torch.autocast's rule for this model's operations by hand, so that it
+    works on tensors autocast ignores (the meta device): matmuls and attention cast floating
+    inputs to `dtype`, and a parameter's cast is made once and reused (autocast's cache). Other
+    operations run in their inputs' dtype, as under autocast (RMSNorm's inputs are fp32 either way).
+    flash: run attention as the GPU's flash kernel. copies: a set that receives the storages of
+    the parameters' casts."""
+    import torch
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+
+    lower = {F.linear, torch.mm, torch.matmul, torch.bmm, F.scaled_dot_product_attention}
+
+    class Mode(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.cache = {}
+
+        def cast(self, x):
+            if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype):
+                return x
+            if isinstance(x, torch.nn.Parameter):  # a leaf that requires grad: autocast caches it
+                if id(x) not in self.cache:
+                    self.cache[id(x)] = x.to(dtype)
+                    if copies is not None:
+                        copies.add(self.cache[id(x)].untyped_storage()._cdata)
+                return self.cache[id(x)]
+            y = x.to(dtype)
+            if copies is not None and isinstance(x._base, torch.nn.Parameter):  # e.g. weight.t()
+                copies.add(y.untyped_storage()._cdata)
+            return y
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in lower:
+                args = tuple(self.cast(a) for a in args)
+                kwargs = {k: self.cast(v) for k, v in kwargs.items()}
+                if flash and func is F.scaled_dot_product_attention:
+                    return _flash_attention(*args, **kwargs)
+            return func(*args, **kwargs)
+
+    return Mode()
+
+
+def _flash_attention(q, k, v, is_causal=False, **_):
+    """Attention as the GPU's flash kernel does it, for counting: the output in the (batch, seq,
+    head, dim) memory order the CUDA kernel returns, and saved for backward exactly what
+    aten._scaled_dot_product_flash_attention's backward takes: q, k, v, the output, the
+    log-sum-exp (fp32, one per head and token) and the random-number seed and offset."""
+    import torch
+
+    class FlashLike(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            b, a, s, d = q.shape
+            out = q.new_empty(b, s, a, d).transpose(1, 2)
+            lse = q.new_empty(b, a, s, dtype=torch.float32)
+            seed = q.new_empty(2, dtype=torch.uint64)
+            offset = q.new_empty((), dtype=torch.uint64)
+            ctx.save_for_backward(q, k, v, out, lse, seed, offset)
+            return out
+
+    return FlashLike.apply(q, k, v)
