@@ -1,6 +1,6 @@
 """Plan a training run before renting GPUs: compute, hours, cost and memory per GPU.
 
-    python code/budget.py                                  # the book's reference table (chapter 7)
+    python code/budget.py                                  # the book's reference table
     python code/budget.py --params 1e9 --gpus 8 --gpu H100 --d-model 2048 --n-layer 20
     python code/budget.py --d-model 768 --n-layer 12 --vocab-size 8192 --gpus 1 --gpu RTX4090 \
         --seq-len 1024 --micro-batch 8 --tokens 3e9 --price-per-gpu-hour 0.6
@@ -18,10 +18,14 @@ The assumptions (each one a flag where a reader may differ):
               (the rest goes to the CUDA context, allocator fragmentation, the logits and temporaries).
 """
 import argparse
-import math
 import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpus import CATALOG, GPUS  # noqa: E402
+from script_support import Parser, positive, positive_int  # noqa: E402
 
 BYTES_PER_PARAM = 16  # bf16 weights 2 + bf16 grads 2 + fp32 master 4 + Adam m 4 + Adam v 4
 OPTIMIZER_BYTES = 12  # the fp32 part: master weights and the two moments
@@ -35,45 +39,6 @@ DEFAULT_TOKENS_PER_PARAM = 20
 
 
 @dataclass(frozen=True)
-class GPU:
-    name: str
-    peak_flops: float  # dense bf16 tensor-core FLOP/s from the datasheet (no sparsity)
-    memory_gb: float
-    patterns: tuple  # lower-case substrings that all occur in torch.cuda.get_device_name()
-
-
-# NVIDIA datasheets, dense bf16 (the sparse "2×" figures halved); the same figures nanochat uses.
-# Order matters for name lookup: the more specific name (PCIe, NVL) comes before the plain one.
-CATALOG = (
-    GPU("B200", 2.25e15, 180, ("b200",)),
-    GPU("H200-NVL", 836e12, 141, ("h200", "nvl")),
-    GPU("H200", 989e12, 141, ("h200",)),
-    GPU("H100-NVL", 835e12, 94, ("h100", "nvl")),
-    GPU("H100-PCIe", 756e12, 80, ("h100", "pcie")),
-    GPU("H100", 989e12, 80, ("h100",)),  # SXM
-    GPU("A100-40GB", 312e12, 40, ("a100", "40gb")),
-    GPU("A100", 312e12, 80, ("a100",)),
-    GPU("L40S", 362e12, 48, ("l40s",)),
-    GPU("A10", 125e12, 24, ("a10",)),  # matched as a whole word below: not A100, not A10G
-    GPU("L4", 121e12, 24, ("l4",)),  # whole word: not L40S
-    GPU("RTX4090", 165.2e12, 24, ("4090",)),
-    GPU("RTX3090", 71e12, 24, ("3090",)),
-)
-GPUS = {g.name.lower(): g for g in CATALOG}
-
-
-def gpu_for_device(device_name: str):
-    """The catalog entry for a CUDA device name (e.g. 'NVIDIA H100 80GB HBM3'), or None if unknown."""
-    words = set(re.findall(r"[a-z0-9]+", device_name.lower()))
-    if words & {"laptop", "mobile"}:  # same chip name, far lower clocks and power
-        return None
-    for g in CATALOG:
-        if all(p in words for p in g.patterns):  # whole words: "a100" must not match "A1000"
-            return g
-    return None
-
-
-@dataclass(frozen=True)
 class Scenario:
     label: str
     n_params: float
@@ -84,7 +49,7 @@ class Scenario:
     gpus: int
 
 
-# The book's reference scenarios (BOOK.md, chapter 7): nominal sizes, H100s, MFU 40 %, D = 20N.
+# The book's reference scenarios: nominal sizes, H100s, MFU 40 %, D = 20N.
 REFERENCE = (
     Scenario("124M (GPT-2; h 768, L 12, s 1024, b 16)", 124e6, 768, 12, 1024, 16, 1),
     Scenario("1.3B (h 2048, L 24, s 2048, b 8)", 1.3e9, 2048, 24, 2048, 8, 8),
@@ -222,62 +187,32 @@ def report(est: dict, gpu_label: str, peak_flops: float, mfu: float, memory_gb) 
     return "\n".join(lines)
 
 
-def _number(text: str) -> float:
-    """1e9, 1.3B, 124M, 20k -> float; anything else is an argparse error."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBtT]?)\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
-    scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[m.group(2).lower()]
-    return float(m.group(1)) * scale
-
-
-def _positive(text: str) -> float:
-    if text.strip().startswith("-"):
-        raise argparse.ArgumentTypeError(f"{text!r} is negative; it must be positive")
-    value = _number(text)
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = _positive(text)
-    if value != int(value):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number")
-    return int(value)
-
-
 def _mfu(text: str) -> float:
-    value = _positive(text.rstrip("%")) / (100 if text.endswith("%") else 1)
+    value = positive(text.rstrip("%")) / (100 if text.endswith("%") else 1)
     if value > 1:
         raise argparse.ArgumentTypeError(f"{text!r} is over 1: MFU is a fraction of the peak (e.g. 0.4 or 40%)")
     return value
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one sentence, not the whole usage block
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(description="Estimate compute, time, cost and memory of a GPT training run. "
                                 "With no arguments: print the book's reference table.")
-    p.add_argument("--params", type=_positive, help="parameters N (e.g. 1.3e9 or 1.3B)")
-    p.add_argument("--d-model", type=_positive_int, help="hidden size h (with --n-layer: derives N if --params is absent)")
-    p.add_argument("--n-layer", type=_positive_int, help="layers L")
-    p.add_argument("--vocab-size", type=_positive_int, default=8192, help="vocabulary, to derive N (default 8192)")
-    p.add_argument("--gpus", type=_positive_int, default=8, help="number of GPUs (default 8)")
+    p.add_argument("--params", type=positive, help="parameters N (e.g. 1.3e9 or 1.3B)")
+    p.add_argument("--d-model", type=positive_int, help="hidden size h (with --n-layer: derives N if --params is absent)")
+    p.add_argument("--n-layer", type=positive_int, help="layers L")
+    p.add_argument("--vocab-size", type=positive_int, default=8192, help="vocabulary, to derive N (default 8192)")
+    p.add_argument("--gpus", type=positive_int, default=8, help="number of GPUs (default 8)")
     p.add_argument("--gpu", default="H100", help="GPU from the catalog: " + ", ".join(g.name for g in CATALOG))
-    p.add_argument("--peak-tflops", type=_positive, help="dense bf16 peak per GPU in TFLOP/s (overrides --gpu)")
-    p.add_argument("--memory-gb", type=_positive, help="memory per GPU in GB (overrides --gpu)")
+    p.add_argument("--peak-tflops", type=positive, help="dense bf16 peak per GPU in TFLOP/s (overrides --gpu)")
+    p.add_argument("--memory-gb", type=positive, help="memory per GPU in GB (overrides --gpu)")
     p.add_argument("--mfu", type=_mfu, default=DEFAULT_MFU, help="model FLOPs utilisation, 0-1 (default 0.4)")
     data = p.add_mutually_exclusive_group()
-    data.add_argument("--tokens-per-param", type=_positive, default=DEFAULT_TOKENS_PER_PARAM,
+    data.add_argument("--tokens-per-param", type=positive, default=DEFAULT_TOKENS_PER_PARAM,
                       help="training tokens D = this × N (default 20, Chinchilla)")
-    data.add_argument("--tokens", type=_positive, help="training tokens D (e.g. 20e9 or 20B)")
-    p.add_argument("--seq-len", type=_positive_int, default=2048, help="sequence length s (default 2048)")
-    p.add_argument("--micro-batch", type=_positive_int, default=8, help="sequences per GPU per forward (default 8)")
-    p.add_argument("--price-per-gpu-hour", type=_positive, help="rental price of one GPU for one hour")
+    data.add_argument("--tokens", type=positive, help="training tokens D (e.g. 20e9 or 20B)")
+    p.add_argument("--seq-len", type=positive_int, default=2048, help="sequence length s (default 2048)")
+    p.add_argument("--micro-batch", type=positive_int, default=8, help="sequences per GPU per forward (default 8)")
+    p.add_argument("--price-per-gpu-hour", type=positive, help="rental price of one GPU for one hour")
     return p
 
 
@@ -317,5 +252,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, __import__("os").path.dirname(__file__))  # model.py, for --d-model/--n-layer
     main()

@@ -22,6 +22,7 @@ CORPUS_PATH = REPO / "data" / "songci.txt"
 CACHE_DIR = REPO / "data" / "cache"
 SEP = "｜"
 VAL_EVERY = 20  # every 20th ci goes to validation: 5%, spread over the whole corpus
+TOKEN_ARRAYS = ["train", "val"]  # what tokens.npz holds; part of the cache key, as the settings are
 
 TOKENIZER_SETTINGS = dict(
     model_type="bpe",
@@ -73,7 +74,7 @@ def split_corpus(lines: list[str]) -> tuple[list[str], list[str]]:
 def _cache_key(corpus_path: Path) -> str:
     import sentencepiece as spm
     h = hashlib.sha256(Path(corpus_path).read_bytes())
-    h.update(json.dumps([TOKENIZER_SETTINGS, VAL_EVERY, spm.__version__], sort_keys=True).encode())
+    h.update(json.dumps([TOKENIZER_SETTINGS, VAL_EVERY, spm.__version__, TOKEN_ARRAYS], sort_keys=True).encode())
     return h.hexdigest()[:16]
 
 
@@ -88,9 +89,7 @@ def _build(lines: list[str], out: Path) -> None:
     arrays = {}
     for name, part in (("train", train), ("val", val)):
         ids = sp.encode(part)
-        flat = np.fromiter((t for seq in ids for t in (*seq, sp.eos_id())), dtype=np.uint16)
-        arrays[name] = flat
-        arrays[name + "_ci_lengths"] = np.array([len(s) + 1 for s in ids], dtype=np.int32)
+        arrays[name] = np.fromiter((t for seq in ids for t in (*seq, sp.eos_id())), dtype=np.uint16)
     np.savez(out / "tokens.npz", **arrays)
 
 
@@ -121,12 +120,25 @@ def load_tokenizer(corpus_path: Path = CORPUS_PATH):
     return spm.SentencePieceProcessor(model_file=str(cache_dir(corpus_path) / "tokenizer.model"))
 
 
+def token_bytes(sp, eos_bytes: int = 1) -> torch.Tensor:
+    """UTF-8 bytes each token id stands for in the text: a byte-fallback piece is one byte, a normal
+    piece the bytes of its characters ('▁' is a space), control pieces none; eos ends a line of the
+    corpus file, so it stands for the newline (eos_bytes=1)."""
+    counts = torch.zeros(sp.get_piece_size(), dtype=torch.int64)
+    for i in range(sp.get_piece_size()):
+        if sp.is_byte(i):
+            counts[i] = 1
+        elif i == sp.eos_id():
+            counts[i] = eos_bytes
+        elif not (sp.is_control(i) or sp.is_unknown(i)):
+            counts[i] = len(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
+    return counts
+
+
 @dataclass
 class Tokens:
     train: torch.Tensor  # int64 token ids, each ci followed by eos
     val: torch.Tensor
-    train_ci_lengths: np.ndarray  # tokens per ci (eos included), to find a ci's tokens again
-    val_ci_lengths: np.ndarray
     vocab_size: int
     eos_id: int
 
@@ -135,7 +147,7 @@ def load_tokens(corpus_path: Path = CORPUS_PATH) -> Tokens:
     folder = cache_dir(corpus_path)
     try:
         with np.load(folder / "tokens.npz") as z:
-            arrays = {k: z[k] for k in ("train", "val", "train_ci_lengths", "val_ci_lengths")}
+            arrays = {k: z[k] for k in TOKEN_ARRAYS}
     except (OSError, ValueError, KeyError) as e:
         shutil.rmtree(folder, ignore_errors=True)  # corrupt: the next call rebuilds it
         raise CorpusError(f"token cache {folder.name} was unreadable ({type(e).__name__}) and has been "
@@ -143,7 +155,6 @@ def load_tokens(corpus_path: Path = CORPUS_PATH) -> Tokens:
     return Tokens(
         train=torch.from_numpy(arrays["train"].astype(np.int64)),
         val=torch.from_numpy(arrays["val"].astype(np.int64)),
-        train_ci_lengths=arrays["train_ci_lengths"], val_ci_lengths=arrays["val_ci_lengths"],
         vocab_size=TOKENIZER_SETTINGS["vocab_size"], eos_id=TOKENIZER_SETTINGS["eos_id"])
 
 

@@ -9,13 +9,10 @@ is cut into --slices slices (default: one per process) and each rank takes its o
 with the whole batch and N processes with a slice each see exactly the same data. Only rank 0 logs
 and saves; the checkpoint holds the plain model's state, which loads into an unwrapped GPT.
 """
-import argparse
 import contextlib
-import os
 import sys
 import time
 from dataclasses import asdict
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -24,11 +21,13 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from data import CorpusError, get_batch, load_tokens  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from script_support import (Parser, accumulate_gradients, fail, mean_across_ranks, process_group,  # noqa: E402
+                            save_atomic, set_lr)
 from train import configure_optimizer, lr_at  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, help="checkpoint path (written by rank 0 only)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--global-batch", type=int, default=8, help="sequences per step over all processes")
@@ -64,17 +63,18 @@ def local_rows(args, rank: int, world: int) -> slice:
     """Which rows of the global batch this rank trains on."""
     slices = args.slices or world
     if args.global_batch % slices:
-        sys.exit(f"error: --global-batch {args.global_batch} does not divide into {slices} slices")
+        fail(f"--global-batch {args.global_batch} does not divide into {slices} slices")
     if world > slices:
-        sys.exit(f"error: {world} processes but only {slices} slices of the batch")
+        fail(f"{world} processes but only {slices} slices of the batch")
     size = args.global_batch // slices
     if size % args.accum:
-        sys.exit(f"error: a slice of {size} sequences does not divide into --accum {args.accum} micro-batches")
+        fail(f"a slice of {size} sequences does not divide into --accum {args.accum} micro-batches")
     i = 0 if args.same_data else rank
     return slice(i * size, (i + 1) * size)
 
 
 def wrap(model, args, world: int):
+    """The model as this run trains it: plain (one process), under DDP, or sharded by FSDP2."""
     if world == 1:
         return model
     if args.fsdp:
@@ -117,27 +117,35 @@ def full_state(model, args, world: int) -> dict:
     return model.module.state_dict()  # unwrap: keys without the "module." prefix
 
 
-def save(obj, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)  # a reader never sees a half-written checkpoint
+def train_step(model, opt, x, y, args, world: int) -> float:
+    """One optimizer step on this rank's rows x, y; returns their mean loss.
+
+    The rows are cut into --accum micro-batches; the gradients are all-reduced once, after the
+    last of them, so the step equals one on the whole global batch."""
+    micro_batches = list(zip(x.chunk(args.accum), y.chunk(args.accum)))
+    loss = accumulate_gradients(model, micro_batches, no_sync=lambda: no_grad_sync(model, args, world))
+    if args.clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.item()
 
 
 def main(argv=None):
     args = parse_args(argv)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
     torch.set_num_threads(1)  # two processes on two cores: one thread each
-    if world > 1:
-        # without a timeout a rank that never arrives would leave the others waiting forever
-        dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
+    # without a timeout a rank that never arrives would leave the others waiting forever
+    with process_group("gloo", timeout_s=args.timeout) as (rank, _, world):
+        run(args, rank, world)
+
+
+def run(args, rank: int, world: int):
     log = print if rank == 0 else (lambda *a, **k: None)
     rows = local_rows(args, rank, world)
     try:
         tokens = load_tokens().train
     except CorpusError as e:
-        sys.exit(f"error: {e}")
+        fail(str(e))
 
     cfg = GPTConfig(d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head, seq_len=args.seq_len)
     torch.manual_seed(args.seed)  # same initial weights on every rank (FSDP2 does not broadcast them)
@@ -153,33 +161,16 @@ def main(argv=None):
         f"accum {args.accum}")
     t0 = time.perf_counter()
     for step in range(args.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.lr, args.warmup, args.steps)
+        set_lr(opt, lr_at(step, args.lr, args.warmup, args.steps))
         x, y = get_batch(tokens, args.global_batch, args.seq_len, gen)
         x, y = x[rows].contiguous(), y[rows].contiguous()
         if step == args.fail_step and rank == args.crash_rank:
             raise RuntimeError(f"rank {rank} crashed on purpose at step {step}")
         if step == args.fail_step and rank == args.hang_rank:
             time.sleep(3600)  # a stuck rank: the others' next all-reduce must time out, not wait forever
-        micro = x.size(0) // args.accum
-        total = 0.0
-        for i in range(args.accum):
-            xs, ys = x[i * micro:(i + 1) * micro], y[i * micro:(i + 1) * micro]
-            last = i == args.accum - 1
-            ctx = contextlib.nullcontext() if last else no_grad_sync(model, args, world)
-            with ctx:  # forward inside too: DDP prepares the all-reduce during forward
-                _, loss = model(xs, ys)
-                (loss / args.accum).backward()
-            total += loss.item() / args.accum
-        if args.clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = train_step(model, opt, x, y, args, world)
         if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
-            mean = torch.tensor(total)
-            if world > 1:
-                dist.all_reduce(mean)  # the global batch's loss, not just rank 0's slice
-                mean /= world
+            mean = mean_across_ranks(torch.tensor(loss))  # the global batch's loss, not just rank 0's slice
             log(f"step {step + 1:3d}  loss {mean.item():.4f}")
 
     shares = torch.tensor([local_numel(model.parameters()),
@@ -193,11 +184,10 @@ def main(argv=None):
         log(f"rank {r}: parameters {p.item():,}, optimizer state {s.item():,} numbers")
     state = full_state(model, args, world)
     if rank == 0 and args.out:
-        save({"model": state, "config": asdict(cfg), "steps": args.steps, "world_size": world}, args.out)
+        save_atomic({"model": state, "config": asdict(cfg), "steps": args.steps, "world_size": world}, args.out)
         log(f"rank 0 saved {args.out.name} in {time.perf_counter() - t0:.1f} s")
     if world > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+        dist.barrier()  # the others wait until rank 0 has saved
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Measuring: the FLOP formula, this machine's matmul peak, the timing loop, and a record of what
-produced a chapter's numbers. Chapters 2, 3, 6 and 7 and the scripts all use these."""
+"""Measuring: the FLOP formula, this machine's matmul peak, the timing loop, where a step's time
+goes (profiler buckets), and a record of what produced a chapter's numbers."""
 import datetime
 import os
 import platform
@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from script_support import accumulate_gradients
 
 
 def flops_per_token(cfg, n_params: int) -> int:
@@ -101,28 +103,23 @@ def glue_measured(name: str, value, fmt: str = "") -> None:
     glue(name, format(value, fmt), display=False)
 
 
-# ---- timing a training step (chapters 2, 3, 6, 7) ----
+# ---- timing a training step ----
 
 def training_step_fn(model, opt, x, y, autocast_dtype=None, accum: int = 1):
     """A no-argument function that runs one optimizer step of `model` on the batch (x, y).
 
     autocast_dtype: None for plain fp32, or torch.bfloat16 for mixed precision (the weights, the
     gradients and the optimizer stay fp32). accum: split the batch into `accum` micro-batches,
-    divide each loss by `accum` and let backward() sum the gradients (chapter 3).
-    `model` may be a torch.compile'd module. Returns the loss of the last micro-batch (a tensor).
+    divide each loss by `accum` and let backward() sum the gradients (gradient accumulation).
+    `model` may be a torch.compile'd module. Returns the mean loss of the micro-batches (a tensor).
     """
     if x.size(0) % accum:
         raise ValueError(f"batch {x.size(0)} is not divisible by accum={accum}")
-    device_type = x.device.type
-    xs, ys = x.chunk(accum), y.chunk(accum)
+    micro_batches = list(zip(x.chunk(accum), y.chunk(accum)))
 
     def step():
         opt.zero_grad(set_to_none=True)
-        for xm, ym in zip(xs, ys):
-            with torch.autocast(device_type, dtype=autocast_dtype or torch.float32,
-                                enabled=autocast_dtype is not None):
-                _, loss = model(xm, ym)
-            (loss / accum).backward()
+        loss = accumulate_gradients(model, micro_batches, autocast_dtype=autocast_dtype)
         opt.step()
         return loss
     return step
@@ -176,6 +173,41 @@ def profile_step(fn, steps: int = 1, profile_memory: bool = False):
             for _ in range(steps):
                 fn()
     return prof
+
+
+# A profiled op goes to the first bucket one of whose substrings occurs in its name, or else in the
+# name of the nearest op that called it; an op no bucket claims is elementwise & other.
+BUCKETS = (
+    ("optimizer", ("Optimizer.", "adamw", "zero_grad")),
+    ("softmax/CE over vocab", ("log_softmax", "LogSoftmax", "nll_loss", "NllLoss", "cross_entropy",
+                               "VocabCrossEntropy")),
+    ("attention", ("scaled_dot_product", "Sdpa", "ScaledDotProduct")),
+    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "MmBackward", "BmmBackward", "aten::linear")),
+)
+OTHER_BUCKET = "elementwise & other"
+BUCKET_NAMES = tuple(name for name, _ in BUCKETS) + (OTHER_BUCKET,)
+
+
+def bucket_of(evt) -> str:
+    """The bucket of a profiler event: its own name or its callers' (e.g. the fill_ that zeroes
+    a gradient inside cross-entropy's backward counts as cross-entropy)."""
+    while evt is not None:
+        for bucket, keys in BUCKETS:
+            if any(k in evt.name for k in keys):
+                return bucket
+        evt = evt.cpu_parent
+    return OTHER_BUCKET
+
+
+def bucket_shares(prof) -> dict:
+    """{bucket: its share of the profiled CPU time} for a torch.profiler run (e.g. profile_step's),
+    from each op's self time; the shares sum to 1. Buckets no op fell into are left out."""
+    self_us = {}
+    for evt in prof.events():
+        bucket = bucket_of(evt)
+        self_us[bucket] = self_us.get(bucket, 0.0) + evt.self_cpu_time_total
+    total = sum(self_us.values())
+    return {k: v / total for k, v in self_us.items()}
 
 
 def peak_memory(fn) -> int:

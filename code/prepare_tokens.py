@@ -7,8 +7,6 @@ as in the book's own token files. The text is read line by line and encoded in c
 appended to a temporary file that is renamed to --out at the end, so a corpus of many GB needs only a
 chunk's worth of memory, and an interrupted run never leaves a half-written --out behind.
 """
-import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -16,13 +14,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from data import load_tokenizer  # noqa: E402
+from script_support import Parser, atomic_write, fail  # noqa: E402
 
 MAX_LINE_CHARS = 1 << 20  # a longer "line" is cut into pieces of this size rather than read whole
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def iter_lines(path: Path):
@@ -46,35 +40,28 @@ def encode_files(paths, out: Path, chunk_chars: int = 1 << 22, sp=None) -> int:
     eos = sp.eos_id()
     if sp.get_piece_size() > 65536:
         raise ValueError(f"the tokenizer has {sp.get_piece_size()} ids; uint16 holds 65,536")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
     total = 0
-    try:
-        with open(tmp, "wb") as f:
-            def flush(lines):
-                nonlocal total
-                ids = sp.encode(lines)
-                flat = np.fromiter((t for seq in ids for t in (*seq, eos)), dtype=np.uint16,
-                                   count=sum(len(s) + 1 for s in ids))
-                f.write(flat.tobytes())
-                total += len(flat)
+    with atomic_write(out) as f:  # only a complete file ever carries the final name
+        def flush(lines):
+            nonlocal total
+            ids = sp.encode(lines)
+            flat = np.fromiter((t for seq in ids for t in (*seq, eos)), dtype=np.uint16,
+                               count=sum(len(s) + 1 for s in ids))
+            f.write(flat.tobytes())
+            total += len(flat)
 
-            for path in paths:
-                pending, size = [], 0
-                for line in iter_lines(Path(path)):
-                    if not line.strip():
-                        continue
-                    pending.append(line)
-                    size += len(line)
-                    if size >= chunk_chars:  # encode and write a chunk, then forget it
-                        flush(pending)
-                        pending, size = [], 0
-                if pending:
+        for path in paths:
+            pending, size = [], 0
+            for line in iter_lines(Path(path)):
+                if not line.strip():
+                    continue
+                pending.append(line)
+                size += len(line)
+                if size >= chunk_chars:  # encode and write a chunk, then forget it
                     flush(pending)
-        os.replace(tmp, out)  # only a complete file ever carries the final name
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+                    pending, size = [], 0
+            if pending:
+                flush(pending)
     return total
 
 
@@ -89,14 +76,14 @@ def main(argv=None):
     paths = [Path(x) for x in args.inputs]
     for path in paths:
         if not path.is_file():
-            sys.exit(f"error: input file {path} does not exist")
+            fail(f"input file {path} does not exist")
     out = Path(args.out)
     if out.resolve() in {x.resolve() for x in paths}:
-        sys.exit("error: --out must not be one of the inputs")
+        fail("--out must not be one of the inputs")
     try:
         n = encode_files(paths, out, args.chunk_chars)
     except ValueError as e:
-        sys.exit(f"error: {e}")
+        fail(str(e))
     chars = sum(path.stat().st_size for path in paths)
     print(f"wrote {n:,} tokens ({2 * n / 1e6:,.1f} MB) to {out.name} from {len(paths)} file(s), {chars / 1e6:,.1f} MB of text")
 

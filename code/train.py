@@ -1,5 +1,5 @@
-"""The training recipe every CPU chapter shares: AdamW with weight decay on matrices only, linear
-warm-up then cosine decay to a floor, gradient-norm clipping, and evaluation on fixed batches."""
+"""The training recipe: AdamW with weight decay on matrices only, linear warm-up then cosine decay
+to a floor, gradient-norm clipping, and evaluation on fixed batches (mean loss, bits per byte)."""
 import math
 import time
 from dataclasses import dataclass, field
@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from data import get_batch
+from script_support import set_lr
 
 
 def configure_optimizer(model, lr: float, weight_decay: float = 0.1, betas=(0.9, 0.95), fused=None):
@@ -37,34 +38,19 @@ def evaluate(model, batches) -> float:
     return sum(losses) / len(losses)
 
 
-def token_bytes(sp, eos_bytes: int = 1) -> torch.Tensor:
-    """UTF-8 bytes each token id stands for in the text: a byte-fallback piece is one byte, a normal
-    piece the bytes of its characters ('▁' is a space), control pieces none; eos ends a line of the
-    corpus file, so it stands for the newline (eos_bytes=1)."""
-    counts = torch.zeros(sp.get_piece_size(), dtype=torch.int64)
-    for i in range(sp.get_piece_size()):
-        if sp.is_byte(i):
-            counts[i] = 1
-        elif i == sp.eos_id():
-            counts[i] = eos_bytes
-        elif not (sp.is_control(i) or sp.is_unknown(i)):
-            counts[i] = len(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
-    return counts
-
-
 @torch.no_grad()
 def bits_per_byte(model, batches, byte_counts: torch.Tensor) -> tuple[float, float]:
     """(mean loss in nats per token, bits per byte) over fixed batches.
 
     Bits per byte = total nats over all target tokens / ln 2 / UTF-8 bytes those targets decode to;
-    unlike loss per token it does not depend on how the tokenizer cuts the text."""
+    unlike loss per token it does not depend on how the tokenizer cuts the text. byte_counts: the
+    bytes each token id stands for (data.token_bytes)."""
     was_training = model.training
     model.eval()
     nats, n_tokens, n_bytes = 0.0, 0, 0
     for x, y in batches:
-        logits, _ = model(x)
-        nats += torch.nn.functional.cross_entropy(
-            logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum").item()
+        _, loss = model(x, y)  # the mean over the targets, without all the logits at once
+        nats += loss.item() * y.numel()
         n_tokens += y.numel()
         n_bytes += int(byte_counts[y].sum())
     model.train(was_training)
@@ -103,8 +89,7 @@ def train(model, train_tokens, cfg: TrainConfig, val_batches=None, log=None) -> 
     model.train()
     t0 = time.perf_counter()
     for step in range(cfg.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_ratio)
+        set_lr(opt, lr_at(step, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_ratio))
         x, y = get_batch(train_tokens, cfg.batch_size, cfg.seq_len, gen)
         with torch.autocast(x.device.type, dtype=cfg.autocast or torch.float32, enabled=cfg.autocast is not None):
             _, loss = model(x, y)

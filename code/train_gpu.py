@@ -1,4 +1,4 @@
-"""Train the book's GPT on one or several GPUs (chapter 6).
+"""Train the book's GPT on one or several GPUs.
 
     python code/train_gpu.py                                         # 1 GPU
     torchrun --standalone --nproc-per-node 8 code/train_gpu.py       # 8 GPUs, DDP
@@ -20,9 +20,6 @@ temporary file and renamed, so a run killed at any moment leaves the previous ch
 --resume continues it and ends with the same parameters as an uninterrupted run.
 """
 import argparse
-import contextlib
-import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -32,18 +29,15 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from budget import gpu_for_device  # noqa: E402
 from data import get_batch, load_tokens  # noqa: E402
+from gpus import gpu_for_device  # noqa: E402
 from measure import flops_per_token  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from script_support import (Parser, accumulate_gradients, fail, launch_ranks, mean_across_ranks,  # noqa: E402
+                            process_group, save_atomic, set_lr)
 from train import configure_optimizer, lr_at  # noqa: E402
 
 CKPT_NAME = "ckpt.pt"
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one sentence, not the whole usage block
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,10 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def fail(message: str):
-    sys.exit(f"error: {message}")
-
-
 def check_args(args, world: int) -> int:
     """Validate settings; return the number of accumulation steps."""
     for name in ("d_model", "n_layer", "n_head", "seq_len", "vocab_size", "micro_batch", "steps", "log_every"):
@@ -100,10 +90,8 @@ def check_args(args, world: int) -> int:
     return args.global_batch_tokens // per_micro
 
 
-def setup_device(args):
-    """Return (device, rank, local_rank, world). Starts the process group under torchrun."""
-    rank, local_rank, world = (int(os.environ.get(k, d)) for k, d in
-                               (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))
+def setup_device(args, local_rank: int) -> torch.device:
+    """The device this process trains on: GPU number local_rank, or the CPU."""
     if args.device == "cuda":
         if not torch.cuda.is_available():
             fail("--device cuda was asked for, but this machine has no CUDA GPU that torch can use; "
@@ -112,11 +100,8 @@ def setup_device(args):
             fail(f"process {local_rank} needs GPU {local_rank}, but only {torch.cuda.device_count()} are visible")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    if world > 1:
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return device, rank, local_rank, world
+        return device
+    return torch.device("cpu")
 
 
 class TokenSource:
@@ -153,30 +138,29 @@ def peak_flops(device, override_tflops):
         return override_tflops * 1e12, f"{name}: peak {override_tflops:g} TFLOP/s from --peak-tflops"
     gpu = gpu_for_device(name)
     if gpu is None:
-        return None, f"{name} is not in the peak table (code/budget.py): no MFU; pass --peak-tflops to get one"
+        return None, f"{name} is not in the peak table (code/gpus.py): no MFU; pass --peak-tflops to get one"
     return gpu.peak_flops, f"{name} → {gpu.name}, bf16 dense peak {gpu.peak_flops / 1e12:g} TFLOP/s"
-
-
-def save_checkpoint(path: Path, state: dict):
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())  # on disk before the rename makes it the checkpoint
-    os.replace(tmp, path)  # atomic: readers see the old or the new file, never half of one
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    accum = check_args(args, world)
+    ranks = launch_ranks()
+    accum = check_args(args, ranks.world)
+    out = Path(args.out)
+    if args.resume and not (out / CKPT_NAME).is_file():
+        fail(f"--resume: there is no checkpoint {CKPT_NAME} in {out}")
+    if not args.resume and (out / CKPT_NAME).exists():
+        fail(f"{out}/{CKPT_NAME} exists; pass --resume to continue it or choose another --out")
+    device = setup_device(args, ranks.local_rank)
+    with process_group("nccl" if device.type == "cuda" else "gloo"):
+        run(args, device, ranks, accum)
+
+
+def run(args, device, ranks, accum: int):
+    """The training run itself, on this process's device, inside the process group."""
+    rank, local_rank, world = ranks
     out = Path(args.out)
     ckpt_path = out / CKPT_NAME
-    if args.resume and not ckpt_path.is_file():
-        fail(f"--resume: there is no checkpoint {CKPT_NAME} in {out}")
-    if not args.resume and ckpt_path.exists():
-        fail(f"{out}/{CKPT_NAME} exists; pass --resume to continue it or choose another --out")
-    device, rank, local_rank, world = setup_device(args)
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
     cuda = device.type == "cuda"
@@ -185,7 +169,6 @@ def main(argv=None):
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls left outside autocast use TF32
         torch.backends.cudnn.allow_tf32 = True
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext())
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     cfg = GPTConfig(vocab_size=args.vocab_size, d_model=args.d_model, n_layer=args.n_layer,
@@ -235,12 +218,12 @@ def main(argv=None):
 
     def checkpoint(step):
         if master:
-            save_checkpoint(ckpt_path, {
+            save_atomic({
                 "model": raw.state_dict(), "optimizer": opt.state_dict(), "step": step,
                 "model_config": vars(cfg), "args": vars(args), "world_size": world,
                 "sampler_rng": gen.get_state(), "cpu_rng": torch.get_rng_state(),
                 "cuda_rng": [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())] if cuda else None,
-            })
+            }, ckpt_path)
         if world > 1:
             dist.barrier()
 
@@ -258,20 +241,14 @@ def main(argv=None):
     t_last, steps_since = time.perf_counter(), 0
     for step in range(start, args.steps):
         lr = lr_at(step, args.lr, args.warmup, args.steps, args.min_lr_ratio)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        for micro in range(accum):
-            last = micro == accum - 1
-            # no_sync around forward AND backward: DDP decides in forward whether backward all-reduces
-            sync = model.no_sync() if world > 1 and not last else contextlib.nullcontext()
-            x, y = batch()
-            with sync:
-                with autocast:
-                    _, loss = model(x, y)
-                if args.inject_nan_at is not None and step + 1 >= args.inject_nan_at:
-                    loss = loss * float("nan")
-                (loss / accum).backward()  # mean over micro-batches = the big batch's mean loss
-            loss_sum += loss.detach() / accum
+        set_lr(opt, lr)
+        # all-reduce the gradients once, after the last micro-batch: the big batch's mean gradient
+        loss = accumulate_gradients(model, [batch() for _ in range(accum)],
+                                    no_sync=model.no_sync if world > 1 else None,
+                                    autocast_dtype=torch.bfloat16 if cuda else None)
+        if args.inject_nan_at is not None and step + 1 >= args.inject_nan_at:
+            loss = loss * float("nan")  # what a diverging run shows
+        loss_sum += loss
         norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), args.grad_clip if args.grad_clip else float("inf"))
         steps_since += 1
         done = step + 1
@@ -281,18 +258,12 @@ def main(argv=None):
             # nothing is stepped or saved: the last checkpoint on disk is the last good state
             log(f"error: the loss or gradient became NaN/inf at or before step {done}; stopping. The last good "
                 f"checkpoint is {out / CKPT_NAME} (if one was saved); lower --lr or check the data, then --resume")
-            if world > 1:
-                dist.destroy_process_group()
-            sys.exit(3)
+            sys.exit(3)  # process_group() leaves the group on the way out
         opt.step()
         opt.zero_grad(set_to_none=True)
         if log_now:
-            mean_loss = loss_sum / steps_since
-            if world > 1:
-                dist.all_reduce(mean_loss, op=dist.ReduceOp.AVG if cuda else dist.ReduceOp.SUM)
-                if not cuda:
-                    mean_loss /= world  # gloo has no AVG
-            mean_loss = mean_loss.item()  # also waits for the GPU: the clock below is honest
+            # .item() also waits for the GPU: the clock below is honest
+            mean_loss = mean_across_ranks(loss_sum / steps_since).item()
             dt = time.perf_counter() - t_last
             tok_s = tokens_per_step * steps_since / dt
             line = (f"step {done:5d}/{args.steps} | loss {mean_loss:.4f} | lr {lr:.2e} | "
@@ -309,8 +280,6 @@ def main(argv=None):
             checkpoint(done)
             t_last += time.perf_counter() - t_save  # saving is not training: keep it out of tokens/s
     log(f"done: {args.steps} steps; last checkpoint {CKPT_NAME} in --out")
-    if world > 1:
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

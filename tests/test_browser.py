@@ -19,7 +19,8 @@ import threading
 from pathlib import Path
 
 import pytest
-import yaml
+
+from bookbuild import book
 
 REPO = Path(__file__).resolve().parent.parent
 HTML = REPO / "_build" / "html"
@@ -35,8 +36,7 @@ playwright = pytest.importorskip("playwright.sync_api")
 
 
 def toc_pages():
-    toc = yaml.safe_load((REPO / "_toc.yml").read_text(encoding="utf-8"))
-    return [toc["root"]] + [c["file"] for c in toc.get("chapters", [])]
+    return [book.docname(md) for md in book.pages()]
 
 
 def page_title(docname):
@@ -48,7 +48,7 @@ def page_title(docname):
 
 @pytest.fixture(scope="module")
 def site():
-    build = subprocess.run([sys.executable, str(REPO / "tests" / "build_book.py"), "--strict"], cwd=REPO)
+    build = subprocess.run([sys.executable, "-m", "bookbuild.build", "--strict"], cwd=REPO)
     assert build.returncode == 0, "the strict book build failed"
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(HTML))
     handler.log_message = lambda *a: None

@@ -9,7 +9,7 @@ from model import GPT, GPTConfig
 
 SCRIPT = str(REPO / "code" / "budget.py")
 
-# BOOK.md, chapter 7: the reference table, figure for figure
+# the book's reference table, figure for figure
 SPEC_TABLE = """\
 | model | tokens | FLOPs | GPUs | hours | state DDP | state FSDP | activations |
 |---|---|---|---|---|---|---|---|
@@ -86,19 +86,6 @@ def test_seven_b_on_eight_gpus_needs_sharding():
     fits = {s: m["fits"] for s, m in est["memory"].items()}
     assert fits == {"ddp": False, "zero1": False, "zero2": True, "zero3": True}
     assert "fits under ZeRO-2 (not under plain DDP)" in budget.report(est, "H100", 989e12, 0.4, 80)
-
-
-def test_device_names_map_to_peaks():
-    look = budget.gpu_for_device
-    assert look("NVIDIA H100 80GB HBM3").peak_flops == 989e12
-    assert look("NVIDIA H100 PCIe").peak_flops == 756e12
-    assert look("NVIDIA H200").peak_flops == 989e12
-    assert look("NVIDIA A100-SXM4-80GB").peak_flops == 312e12
-    assert look("NVIDIA GeForce RTX 4090").peak_flops == 165.2e12
-    assert look("NVIDIA L40S").peak_flops == 362e12 and look("NVIDIA L4").peak_flops == 121e12
-    assert look("NVIDIA A10").name == "A10"
-    for unknown in ("NVIDIA A10G", "NVIDIA RTX A1000", "Tesla V100-SXM2-16GB", "NVIDIA GeForce RTX 4090 Laptop GPU"):
-        assert look(unknown) is None, unknown
 
 
 @pytest.mark.parametrize("args,message", [

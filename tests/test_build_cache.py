@@ -1,12 +1,11 @@
 """How the book build avoids executing a chapter twice, and keeps CUDA cells off machines without CUDA.
 
 - nbval's outputs are stored in the book's execution cache under a key that the build finds from
-  the chapter's .md (chapters/conftest.py); a failed or partial run is not stored.
-- _ext/book_html.py adds `skip-execution` to cells tagged `cuda` when there is no CUDA.
+  the chapter's .md (bookbuild/cache.py, bookbuild/nbval_hooks.py); a failed or partial run is not stored.
+- bookbuild/cuda.py adds `skip-execution` to cells tagged `cuda` when there is no CUDA, in the source
+  the build reads (bookbuild/sphinx_ext.py).
 """
 import copy
-import importlib.util
-from pathlib import Path
 
 import nbformat
 import pytest
@@ -16,13 +15,8 @@ from myst_nb.core.config import NbParserConfig
 from myst_nb.core.read import create_nb_reader, read_myst_markdown_notebook
 from myst_parser.config.main import MdParserConfig
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-_spec = importlib.util.spec_from_file_location("chapters_conftest", REPO / "chapters" / "conftest.py")
-chapters_conftest = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(chapters_conftest)  # it loads build_book and _ext/book_html the same way
-book_html = chapters_conftest.book_html  # the hook the build runs, as the conftest loaded it
+from bookbuild import cache, cuda, sphinx_ext
+from bookbuild.book import REPO
 
 
 def _run(nb, outputs, failed=False):
@@ -31,21 +25,21 @@ def _run(nb, outputs, failed=False):
 
 @pytest.mark.parametrize("chapter", ["02_speed", "06_gpu"])
 def test_the_build_finds_a_chapter_that_nbval_ran(tmp_path, chapter, monkeypatch):
-    monkeypatch.setattr(book_html, "_has_cuda", lambda: False)
+    monkeypatch.setattr(cuda, "has_cuda", lambda: False)
     ipynb = nbformat.read(REPO / "chapters" / f"{chapter}.ipynb", as_version=4)
     outputs = {id(c): c.outputs for c in ipynb.cells if c.cell_type == "code"}
     md_path = REPO / "chapters" / f"{chapter}.md"
-    done = chapters_conftest._executed_notebook(_run(ipynb, outputs), chapters_conftest.as_the_build_reads(md_path))
-    cache = get_cache(str(tmp_path / "cache"))
-    cache.cache_notebook_bundle(CacheBundleIn(done, str(md_path)), check_validity=False, overwrite=True)
+    done = cache.executed_notebook(_run(ipynb, outputs), cache.as_the_build_reads(md_path))
+    store = get_cache(str(tmp_path / "cache"))
+    store.cache_notebook_bundle(CacheBundleIn(done, str(md_path)), check_validity=False, overwrite=True)
     # what myst-nb reads in a build: the page's source after the book's source-read hook
     source = [md_path.read_text(encoding="utf-8")]
-    book_html.skip_cuda_cells_without_cuda(None, chapter, source)
+    sphinx_ext.skip_cuda_cells_without_cuda(None, chapter, source)
     reader = create_nb_reader(str(md_path), MdParserConfig(), NbParserConfig(), source[0])
-    assert cache.match_cache_notebook(reader.read(source[0])) is not None
+    assert store.match_cache_notebook(reader.read(source[0])) is not None
     edited = reader.read(source[0].replace("```{code-cell} ipython3\n", "```{code-cell} ipython3\n# edited\n", 2))
     with pytest.raises(KeyError):  # an edited chapter must not match
-        cache.match_cache_notebook(edited)
+        store.match_cache_notebook(edited)
 
 
 def test_only_a_complete_passing_nbval_run_becomes_an_executed_notebook():
@@ -57,16 +51,16 @@ def test_only_a_complete_passing_nbval_run_becomes_an_executed_notebook():
     out1 = [nbformat.v4.new_output("stream", name="stdout", text="1\n")]
     out2 = [nbformat.v4.new_output("execute_result", data={"text/plain": "2"}, execution_count=7)]
     full = {id(nb.cells[1]): out1, id(nb.cells[2]): out2}
-    done = chapters_conftest._executed_notebook(_run(nb, full), nb)
+    done = cache.executed_notebook(_run(nb, full), nb)
     assert done.cells[1].outputs == out1 and done.cells[2].outputs[0]["data"] == {"text/plain": "2"}
     assert [c.get("execution_count") for c in done.cells] == [None, 1, 2]
     assert done.cells[2].outputs[0]["execution_count"] == 2
     assert nb.cells[1].outputs == []  # the notebook passed in is left alone
-    assert chapters_conftest._executed_notebook(_run(nb, {id(nb.cells[1]): out1}), nb) is None  # a cell did not run
-    assert chapters_conftest._executed_notebook(_run(nb, copy.copy(full), failed=True), nb) is None
+    assert cache.executed_notebook(_run(nb, {id(nb.cells[1]): out1}), nb) is None  # a cell did not run
+    assert cache.executed_notebook(_run(nb, copy.copy(full), failed=True), nb) is None
     other = copy.deepcopy(nb)
     other.cells[2].source = "2 + 2"
-    assert chapters_conftest._executed_notebook(_run(nb, full), other) is None  # not the cells nbval ran
+    assert cache.executed_notebook(_run(nb, full), other) is None  # not the cells nbval ran
 
 
 SOURCE = """```{code-cell} ipython3
@@ -87,17 +81,20 @@ z = 3
 
 
 def test_cuda_cells_get_skip_execution_only_without_cuda(monkeypatch):
-    monkeypatch.setattr(book_html, "_has_cuda", lambda: False)
+    monkeypatch.setattr(cuda, "has_cuda", lambda: False)
     source = [SOURCE]
-    book_html.skip_cuda_cells_without_cuda(None, "chapters/x", source)
+    sphinx_ext.skip_cuda_cells_without_cuda(None, "chapters/x", source)
     assert ":tags: [cuda, skip-execution]" in source[0]
     assert ":tags: [hide-input, cuda, skip-execution]" in source[0]
     assert ":tags: [remove-cell]" in source[0]
     nb = read_myst_markdown_notebook(source[0])
     assert [c.metadata.get("tags") for c in nb.cells if c.cell_type == "code"] == [
         ["cuda", "skip-execution"], ["remove-cell"], ["hide-input", "cuda", "skip-execution"]]
+    assert [cuda.is_cuda_cell(c) for c in nb.cells if c.cell_type == "code"] == [True, False, True]
+    assert cuda.nbclient_skip_tag() == "cuda"  # the refresh leaves them unexecuted too
 
-    monkeypatch.setattr(book_html, "_has_cuda", lambda: True)
+    monkeypatch.setattr(cuda, "has_cuda", lambda: True)
     source = [SOURCE]
-    book_html.skip_cuda_cells_without_cuda(None, "chapters/x", source)
+    sphinx_ext.skip_cuda_cells_without_cuda(None, "chapters/x", source)
     assert source[0] == SOURCE
+    assert cuda.nbclient_skip_tag() != "cuda"

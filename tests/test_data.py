@@ -1,6 +1,3 @@
-import shutil
-
-import numpy as np
 import pytest
 import torch
 
@@ -35,13 +32,12 @@ def test_tokens_are_the_ci_in_order(corpus):
     sp = data.load_tokenizer()
     tok = data.load_tokens()
     train, val = data.split_corpus(corpus)
-    for part, ids, lengths in ((train, tok.train, tok.train_ci_lengths), (val, tok.val, tok.val_ci_lengths)):
-        assert int(lengths.sum()) == len(ids)
-        ends = np.cumsum(lengths)
+    for part, ids in ((train, tok.train), (val, tok.val)):
+        ends = (torch.nonzero(ids == tok.eos_id).flatten() + 1).tolist()  # each ci ends with eos
+        assert len(ends) == len(part) and ends[-1] == len(ids)
+        starts = [0] + ends[:-1]
         for i in (0, 1, len(part) // 2, len(part) - 1):
-            seq = ids[ends[i] - lengths[i]:ends[i]].tolist()
-            assert seq[-1] == tok.eos_id
-            assert sp.decode(seq[:-1]) == part[i]
+            assert sp.decode(ids[starts[i]:ends[i] - 1].tolist()) == part[i]
 
 
 def test_cache_is_reused_and_rebuild_is_identical(tmp_path, monkeypatch):
@@ -92,6 +88,22 @@ def test_corrupt_token_cache_is_removed_and_rebuilt(tmp_path, monkeypatch, corpu
     assert not folder.exists()
     assert len(data.load_tokens(small).train) > 0
     assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("build-")]
+
+
+class FakeSP:
+    """The four kinds of pieces token_bytes must tell apart."""
+    pieces = ["<unk>", "<s>", "</s>", "<0xE4>", "宋", "词▁a"]
+
+    def get_piece_size(self): return len(self.pieces)
+    def is_byte(self, i): return i == 3
+    def eos_id(self): return 2
+    def is_control(self, i): return i in (1, 2)
+    def is_unknown(self, i): return i == 0
+    def id_to_piece(self, i): return self.pieces[i]
+
+
+def test_token_bytes_counts_utf8_bytes():
+    assert data.token_bytes(FakeSP()).tolist() == [0, 0, 1, 1, 3, 3 + 2]
 
 
 def test_get_batch_targets_are_shifted_inputs():

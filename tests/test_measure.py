@@ -94,3 +94,19 @@ def test_peak_memory_measures_allocations():
 def test_matmul_peak_is_plausible():
     flops = matmul_peak(torch.float32, n=256, repeats=3)
     assert 1e8 < flops < 1e14
+
+
+def test_profiler_buckets_follow_the_callers_and_shares_sum_to_one():
+    from types import SimpleNamespace as Event
+
+    from measure import BUCKET_NAMES, OTHER_BUCKET, bucket_of, bucket_shares, profile_step
+    ce = Event(name="VocabCrossEntropyBackward", cpu_parent=None)
+    assert bucket_of(Event(name="aten::fill_", cpu_parent=ce)) == "softmax/CE over vocab"  # from its caller
+    assert bucket_of(Event(name="aten::mm", cpu_parent=ce)) == "matmul"  # its own name before its caller's
+    assert bucket_of(Event(name="aten::mul", cpu_parent=None)) == OTHER_BUCKET
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SMALL))
+    x = torch.randint(0, model.cfg.vocab_size, (2, 32))
+    shares = bucket_shares(profile_step(training_step_fn(model, torch.optim.AdamW(model.parameters()), x, x)))
+    assert set(shares) <= set(BUCKET_NAMES) and {"matmul", "optimizer"} <= set(shares)
+    assert sum(shares.values()) == pytest.approx(1.0)

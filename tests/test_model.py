@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from model import GPT, GPTConfig, vocab_cross_entropy
 
-SPEC_TABLE = [  # d_model, n_layer, n_head, params — ../shared/BOOK.md
+SPEC_TABLE = [  # d_model, n_layer, n_head, params of the sizes the book trains
     (64, 2, 2, 618_816),
     (96, 3, 3, 1_118_880),
     (128, 4, 4, 1_803_392),

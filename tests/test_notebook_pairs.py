@@ -19,10 +19,10 @@ def test_there_are_notebook_chapters():
 @pytest.mark.parametrize("md", NOTEBOOK_MDS, ids=lambda p: p.name)
 def test_md_and_ipynb_have_the_same_cells(md):
     ipynb = md.with_suffix(".ipynb")
-    assert ipynb.is_file(), f"{md.name} has no paired {ipynb.name}; run tests/refresh_notebooks.py {md.name}"
+    assert ipynb.is_file(), f"{md.name} has no paired {ipynb.name}; run python -m bookbuild.refresh {md.name}"
     a, b = cells(jupytext.read(md)), cells(jupytext.read(ipynb))
     for i, (ca, cb) in enumerate(zip(a, b)):
-        assert ca == cb, f"cell {i} differs between {md.name} and {ipynb.name}; run tests/refresh_notebooks.py"
+        assert ca == cb, f"cell {i} differs between {md.name} and {ipynb.name}; run python -m bookbuild.refresh {md.name}"
     assert len(a) == len(b), f"{md.name} has {len(a)} cells, {ipynb.name} has {len(b)}"
 
 
@@ -31,7 +31,7 @@ def test_ipynb_holds_executed_outputs(md):
     nb = jupytext.read(md.with_suffix(".ipynb"))
     code = [c for c in nb.cells if c.cell_type == "code" and "cuda" not in c.metadata.get("tags", [])]
     assert code and all(c.execution_count is not None for c in code), \
-        f"{md.with_suffix('.ipynb').name} has unexecuted cells; run tests/refresh_notebooks.py"
+        f"{md.with_suffix('.ipynb').name} has unexecuted cells; run python -m bookbuild.refresh {md.name}"
     counts = [c.execution_count for c in code]
     assert counts == sorted(counts), "cells were executed out of order"
 

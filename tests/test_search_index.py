@@ -16,8 +16,8 @@ def test_chinese_words_from_a_chapter_are_in_the_search_index(tmp_path):
     (book / "chapters").mkdir(parents=True)
     for name in ("00_front.md", "01_data_model.md"):
         shutil.copy(REPO / "chapters" / name, book / "chapters" / name)
-    for folder in ("_ext", "_static"):  # _config.yml's local extension and favicon
-        shutil.copytree(REPO / folder, book / folder)
+    for folder in ("bookbuild", "_static"):  # _config.yml's local extension and favicon
+        shutil.copytree(REPO / folder, book / folder, ignore=shutil.ignore_patterns("__pycache__"))
     config = yaml.safe_load((REPO / "_config.yml").read_text(encoding="utf-8"))
     config["execute"]["execute_notebooks"] = "off"  # the index is built from text; no need to run cells
     (book / "_config.yml").write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from train import (TrainConfig, bits_per_byte, configure_optimizer, evaluate, lr_at, token_bytes, train)
+from train import TrainConfig, bits_per_byte, configure_optimizer, evaluate, lr_at, train
 
 TINY = GPTConfig(vocab_size=64, d_model=16, n_layer=1, n_head=2, seq_len=16)
 
@@ -50,22 +50,6 @@ def test_train_with_bf16_autocast_keeps_fp32_weights_and_learns():
     hist = train(model, tokens, cfg, val_batches=batches)
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert hist.val_loss[-1] < before - 0.3
-
-
-class FakeSP:
-    """The four kinds of pieces token_bytes must tell apart."""
-    pieces = ["<unk>", "<s>", "</s>", "<0xE4>", "宋", "词▁a"]
-
-    def get_piece_size(self): return len(self.pieces)
-    def is_byte(self, i): return i == 3
-    def eos_id(self): return 2
-    def is_control(self, i): return i in (1, 2)
-    def is_unknown(self, i): return i == 0
-    def id_to_piece(self, i): return self.pieces[i]
-
-
-def test_token_bytes_counts_utf8_bytes():
-    assert token_bytes(FakeSP()).tolist() == [0, 0, 1, 1, 3, 3 + 2]
 
 
 def test_bits_per_byte_is_total_nats_over_ln2_over_bytes():

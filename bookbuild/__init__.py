@@ -1,0 +1,23 @@
+"""The book's machinery: everything that builds, executes or checks the book, each decision once.
+
+    python -m bookbuild.build [--strict]            # build _build/html (what README's command 1 runs)
+    python -m bookbuild.refresh [NN_name.md ...]    # re-execute chapters into their paired .ipynb
+
+What lives where:
+
+- book.py        the book as _toc.yml and _config.yml describe it: the front page and the chapters
+                 (paths of their .md files), and what every chapter must carry (the hidden setup
+                 cell, a row in the front page's table, a paired .ipynb, a sanitizer section);
+                 tests/test_chapter_checklist.py checks each chapter against it.
+- cuda.py        the cuda-cell rule: cells tagged `cuda` execute only where CUDA exists.
+- cache.py       the build's inputs hash, the execution cache it keys, and the notebook a chapter's
+                 .md becomes in a build, with the outputs nbval produced for it.
+- nbval_hooks.py the pytest hooks that chapters/conftest.py imports: skip CUDA cells without CUDA,
+                 and hand each chapter that passed nbval to the execution cache.
+- build.py       the book build (`python -m bookbuild.build`).
+- refresh.py     the reference-output refresh (`python -m bookbuild.refresh`).
+- sphinx_ext.py  the Sphinx extension that _config.yml loads: the cuda rule as the build reads a
+                 page, and the HTML fix that drops a duplicated script.
+
+Run the commands from the repository root; pytest finds the package through pytest.ini's pythonpath.
+"""

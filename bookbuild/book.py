@@ -1,0 +1,95 @@
+"""The book as _toc.yml and _config.yml describe it, and what every chapter must carry.
+
+A new chapter's author writes its .md and lists it in _toc.yml; tests/test_chapter_checklist.py then
+says what else the chapter needs: the hidden setup cell below, a row in the front page's table, a
+paired .ipynb (`python -m bookbuild.refresh NN_name.md`) and a section in the nbval sanitizer.
+"""
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+TOC = REPO / "_toc.yml"
+CONFIG = REPO / "_config.yml"
+SANITIZER = REPO / "tests" / "nbval_sanitize.cfg"
+
+
+def _files(entries):
+    for entry in entries or []:
+        if "file" in entry:
+            yield entry["file"]
+        yield from _files(entry.get("sections"))
+
+
+def pages() -> list[Path]:
+    """Every page of _toc.yml in reading order, as the path of its .md file: the front page first."""
+    toc = yaml.safe_load(TOC.read_text(encoding="utf-8"))
+    parts = toc.get("parts") or [{"chapters": toc.get("chapters")}]
+    names = [toc["root"], *(f for part in parts for f in _files(part.get("chapters")))]
+    return [REPO / (name if name.endswith(".md") else f"{name}.md") for name in names]
+
+
+def front() -> Path:
+    return pages()[0]
+
+
+def chapters() -> list[Path]:
+    """The chapters after the front page; each is a jupytext notebook with a paired .ipynb."""
+    return pages()[1:]
+
+
+def docname(md: Path) -> str:
+    """The page's name in the built book: chapters/01_data_model.md -> chapters/01_data_model."""
+    return md.relative_to(REPO).with_suffix("").as_posix()
+
+
+def chapter_number(md: Path) -> int:
+    """A chapter's number: its place in _toc.yml after the front page (chapter 1 is the first)."""
+    return chapters().index(md) + 1
+
+
+def sanitizer_header(md: Path) -> str:
+    """The line that opens a chapter's own section in tests/nbval_sanitize.cfg."""
+    return f"# ---- chapter {chapter_number(md)} ----"
+
+
+def repository_url() -> str:
+    return yaml.safe_load(CONFIG.read_text(encoding="utf-8"))["repository"]["url"]
+
+
+SETUP_TAGS = ["remove-cell"]
+_SETUP = '''# Setup (hidden on the page): put the book's code/ on the path. In a clone the chapter runs in
+# chapters/ beside code/; opened on its own (Colab, Binder) it first fetches the book and installs
+# what the chapters import.
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BOOK_REPO = "<repository.url>"  # = repository.url in _config.yml
+if not (Path.cwd().parent / "code" / "model.py").is_file():
+    if not Path("train-faster-larger").is_dir():
+        subprocess.run(["git", "clone", "--depth", "1", BOOK_REPO, "train-faster-larger"], check=True)
+    os.chdir(Path("train-faster-larger") / "chapters")
+    wanted = ("torch", "numpy", "sentencepiece", "matplotlib", "myst-nb")
+    pins = [line for line in Path("../requirements.txt").read_text().split()
+            if line.split("==")[0] in wanted and not (line.startswith("torch==") and importlib.util.find_spec("torch"))]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *pins], check=True)
+sys.path.insert(0, str(Path.cwd().parent / "code"))'''
+
+
+def setup_cell_source() -> str:
+    """The source of the hidden setup cell that every chapter starts with (its first code cell)."""
+    return _SETUP.replace("<repository.url>", repository_url())
+
+
+def setup_cell_myst() -> str:
+    """The setup cell as it is written in a chapter's .md, to paste below the chapter's title."""
+    return f"```{{code-cell}} ipython3\n:tags: [{', '.join(SETUP_TAGS)}]\n\n{setup_cell_source()}\n```\n"
+
+
+def warm_font_cache() -> None:
+    """Build matplotlib's font cache before a chapter runs: on a fresh machine the first import prints
+    "Matplotlib is building the font cache" on stderr, which would land in a chapter's outputs."""
+    import matplotlib.font_manager  # noqa: F401

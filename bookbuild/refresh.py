@@ -1,0 +1,52 @@
+"""Re-execute chapters from their .md source and store the outputs in the paired .ipynb.
+
+    python -m bookbuild.refresh                   # every chapter in _toc.yml
+    python -m bookbuild.refresh 02_speed.md       # one chapter (a name in chapters/ or a path)
+
+Run it after editing a chapter's .md (or code/ it imports); nbval then checks the stored outputs.
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from .book import chapters, warm_font_cache
+from .cuda import nbclient_skip_tag
+
+
+def refresh(md: Path) -> None:
+    import jupytext
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = jupytext.read(md)
+    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    t0 = time.perf_counter()
+    NotebookClient(nb, timeout=1800, kernel_name="python3", skip_cells_with_tag=nbclient_skip_tag(),
+                   record_timing=False, resources={"metadata": {"path": str(md.parent)}}).execute()
+    out = md.with_suffix(".ipynb")
+    tmp = out.with_suffix(".ipynb.tmp")
+    nbformat.write(nb, tmp)
+    tmp.replace(out)
+    print(f"{md.name}: {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bookbuild.refresh", description=__doc__.splitlines()[0])
+    ap.add_argument("chapters", nargs="*", metavar="NN_name.md",
+                    help="chapters to refresh (default: every chapter in _toc.yml)")
+    args = ap.parse_args(argv)
+    book = chapters()
+    folder = book[0].parent
+    mds = [Path(n) if Path(n).exists() else folder / n for n in args.chapters] or book
+    for md in mds:
+        if not md.is_file():
+            ap.error(f"no chapter {md}")
+    warm_font_cache()
+    for md in mds:
+        refresh(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

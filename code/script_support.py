@@ -1,0 +1,182 @@
+"""What the training scripts share, written once so that every script behaves the same way.
+
+- Parser, number, positive, positive_int, fail: a wrong setting is one line on stderr (exit 2 for a
+  bad argument, 1 for any other refusal), never a usage block or a traceback. Every script takes
+  command-line arguments, and a reader should meet the same kind of message in each.
+- atomic_write, save_atomic: write to NAME.tmp, fsync, rename over NAME. A run killed at any
+  moment leaves the old file or the new one, never half of one; an error while writing removes
+  the temporary file and leaves the old file as it was. Checkpoints and token files both need this.
+- Ranks, launch_ranks, process_group: the ranks torchrun gives a process, and joining and leaving
+  the process group around a run. Without torchrun a script is one plain process and starts no
+  group, so the same script is its own single-process reference.
+- mean_across_ranks: the mean of a tensor over all processes (gloo has no ReduceOp.AVG).
+- set_lr: give every parameter group of an optimizer this step's learning rate.
+- accumulate_gradients: forward and backward over micro-batches whose gradients add up to the
+  whole batch's, with the gradient all-reduce skipped on all but the last. The detail that is easy
+  to get wrong (no_sync must enclose forward as well as backward) is written in one place, for the
+  single-GPU, multi-GPU and timing code alike.
+
+Nothing here imports the book's other modules: model, data and training code import this, not
+the other way round.
+"""
+import argparse
+import contextlib
+import math
+import os
+import re
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+
+# ---- command-line arguments ----
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one sentence, not the whole usage block
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def fail(message: str):
+    """Stop the script with one line on stderr, `error: message`, and exit status 1."""
+    sys.exit(f"error: {message}")
+
+
+def number(text: str) -> float:
+    """1e9, 1.3B, 124M, 20k -> float; anything else is an argparse error."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBtT]?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[m.group(2).lower()]
+    return float(m.group(1)) * scale
+
+
+def positive(text: str) -> float:
+    """An argparse type: a finite number above zero, with the suffixes number() accepts."""
+    if text.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"{text!r} is negative; it must be positive")
+    value = number(text)
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number above zero (2e3 and 2k are 2000)."""
+    value = positive(text)
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number")
+    return int(value)
+
+
+# ---- files that are either old or new, never half-written ----
+
+@contextlib.contextmanager
+def atomic_write(path):
+    """Open a temporary file beside `path` for binary writing; when the block ends normally, flush
+    it to disk and rename it to `path`. If the block raises, the temporary file is removed and
+    `path` is left as it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename makes it the file
+        os.replace(tmp, path)  # atomic: readers see the old or the new file, never half of one
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def save_atomic(obj, path) -> None:
+    """torch.save(obj) to `path` through atomic_write."""
+    with atomic_write(path) as f:
+        torch.save(obj, f)
+
+
+# ---- processes ----
+
+class Ranks(NamedTuple):
+    rank: int  # this process among all of them
+    local_rank: int  # this process on its machine: which GPU it takes
+    world: int  # number of processes
+
+
+def launch_ranks() -> Ranks:
+    """The ranks torchrun set in the environment; (0, 0, 1) for a process started without it."""
+    return Ranks(*(int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1))))
+
+
+@contextlib.contextmanager
+def process_group(backend: str, timeout_s: float | None = None):
+    """Join the other processes of a torchrun launch for the block, and leave at its end.
+
+    Yields launch_ranks(); a single process starts no group. timeout_s: how long a collective
+    waits for the other processes before it fails (None: torch's default). The group is left when
+    the block ends or calls sys.exit, but not after an exception: after a failed collective,
+    leaving can hang, and the launcher ends the other processes anyway.
+    """
+    ranks = launch_ranks()
+    if ranks.world > 1:
+        dist.init_process_group(backend, timeout=None if timeout_s is None else timedelta(seconds=timeout_s))
+    failed = False
+    try:
+        yield ranks
+    except Exception:
+        failed = True
+        raise
+    finally:
+        if ranks.world > 1 and not failed:
+            dist.destroy_process_group()
+
+
+def mean_across_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """The element-wise mean of `tensor` over all processes, in place (and returned).
+
+    In a single process (no group) the tensor is returned unchanged. NCCL averages in one
+    all-reduce; gloo has no ReduceOp.AVG, so it sums and divides."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return tensor
+    if dist.get_backend() == dist.Backend.NCCL:
+        dist.all_reduce(tensor, op=dist.ReduceOp.AVG)
+    else:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        tensor /= dist.get_world_size()
+    return tensor
+
+
+# ---- one optimizer step ----
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    """Give every parameter group of `opt` the learning rate `lr`."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+
+
+def accumulate_gradients(model, micro_batches, no_sync=None, autocast_dtype=None) -> torch.Tensor:
+    """Forward and backward over the micro-batches [(x, y), ...]; return their mean loss (detached).
+
+    Each loss is divided by the number of micro-batches, so the gradients backward() adds up are
+    those of the mean loss over the whole batch. no_sync: a function that returns a context in
+    which the gradient all-reduce is skipped (DDP's model.no_sync), or None for one process. It
+    encloses forward AND backward of every micro-batch but the last, because DDP decides during
+    forward whether the following backward all-reduces. autocast_dtype: None for fp32, or e.g.
+    torch.bfloat16 for mixed precision (the weights and gradients stay fp32).
+    """
+    n = len(micro_batches)
+    total = 0.0
+    for i, (x, y) in enumerate(micro_batches):
+        last = i == n - 1
+        sync = contextlib.nullcontext() if last or no_sync is None else no_sync()
+        autocast = (contextlib.nullcontext() if autocast_dtype is None
+                    else torch.autocast(x.device.type, dtype=autocast_dtype))
+        with sync:  # forward inside too: DDP prepares the all-reduce during forward
+            with autocast:
+                _, loss = model(x, y)
+            (loss / n).backward()  # summed over micro-batches: the gradient of the mean loss
+        total = total + loss.detach() / n
+    return total

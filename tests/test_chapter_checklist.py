@@ -1,0 +1,86 @@
+"""A new chapter's author touches the chapter's .md and _toc.yml, and nothing else by hand.
+
+The rest is derived from _toc.yml (bookbuild/book.py: the build, the refresh, the browser tests), or
+checked here, with a message saying exactly what to add where. Every chapter after the front page:
+- starts with the hidden setup cell (its text is bookbuild.book.setup_cell_source());
+- has a row in the front page's table of chapters that links to it;
+- has a paired .ipynb with reference outputs (python -m bookbuild.refresh NN_name.md);
+- has its own section in tests/nbval_sanitize.cfg, even if it is empty.
+"""
+import os
+import re
+
+import jupytext
+import pytest
+
+from bookbuild import book
+
+CHAPTERS = book.chapters()
+
+
+def rel(path):
+    return path.relative_to(book.REPO).as_posix()
+
+
+def title(md):
+    return next((line[2:].strip() for line in md.read_text(encoding="utf-8").splitlines()
+                 if line.startswith("# ")), md.stem)
+
+
+def test_the_toc_lists_chapters_that_exist():
+    missing = [rel(md) for md in book.pages() if not md.is_file()]
+    assert book.front().is_file() and CHAPTERS, "_toc.yml should list the front page and the chapters"
+    assert not missing, f"_toc.yml lists pages that have no .md file: {missing}"
+
+
+@pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
+def test_chapter_is_a_notebook_starting_with_the_setup_cell(md):
+    text = md.read_text(encoding="utf-8")
+    first = CHAPTERS[0] if CHAPTERS[0] != md else None
+    assert text.startswith("---\n") and "jupytext:" in text[:400], (
+        f"{rel(md)} must start with jupytext's front matter (a MyST notebook)"
+        + (f": copy the block between the first two '---' lines of {rel(first)}" if first else ""))
+    code = [c for c in jupytext.read(md).cells if c.cell_type == "code"]
+    paste = f"Paste this below the chapter's title in {rel(md)}:\n\n{book.setup_cell_myst()}"
+    assert code, f"{rel(md)} has no code cell. {paste}"
+    setup = code[0]
+    assert setup.source == book.setup_cell_source() and setup.metadata.get("tags") == book.SETUP_TAGS, (
+        f"the first code cell of {rel(md)} is not the book's hidden setup cell "
+        f"(bookbuild/book.py: setup_cell_source). {paste}")
+
+
+def front_links():
+    """The link targets of the front page's table rows, in order."""
+    rows = [line for line in book.front().read_text(encoding="utf-8").splitlines() if line.startswith("|")]
+    return [m.group(1) for row in rows for m in [re.search(r"\]\(([^)\s]+)\)", row)] if m]
+
+
+@pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
+def test_front_page_table_links_to_the_chapter(md):
+    link = os.path.relpath(md, book.front().parent).replace(os.sep, "/")
+    assert link in front_links(), (
+        f"the table of chapters in {rel(book.front())} has no row for {rel(md)}; add one, in _toc.yml's "
+        f"order:\n| [{title(md)}]({link}) | <what the chapter covers> |")
+
+
+def test_front_page_table_follows_the_toc():
+    links = [os.path.relpath(md, book.front().parent).replace(os.sep, "/") for md in CHAPTERS]
+    listed = [link for link in front_links() if link in links]
+    assert listed == [link for link in links if link in listed], \
+        f"the rows of the table in {rel(book.front())} should follow _toc.yml's order: {links}"
+
+
+@pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
+def test_chapter_has_a_paired_ipynb(md):
+    assert md.with_suffix(".ipynb").is_file(), (
+        f"{rel(md)} has no paired {md.with_suffix('.ipynb').name} with reference outputs; make it with\n"
+        f"    .venv/bin/python -m bookbuild.refresh {md.name}")
+
+
+@pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
+def test_chapter_has_a_sanitizer_section(md):
+    header = book.sanitizer_header(md)
+    lines = book.SANITIZER.read_text(encoding="utf-8").splitlines()
+    assert header in lines, (
+        f"{rel(book.SANITIZER)} has no section for {rel(md)}; add the line\n{header}\n"
+        f"after the section of the chapter before it (the chapter's own nbval masks, if any, go below it)")
