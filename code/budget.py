@@ -1,21 +1,24 @@
 """Plan a training run before renting GPUs: compute, hours, cost and memory per GPU.
 
-    python code/budget.py                                  # the book's reference table
+    python code/budget.py                                  # the rule of thumb's table, then the corrected one
     python code/budget.py --params 1e9 --gpus 8 --gpu H100 --d-model 2048 --n-layer 20
-    python code/budget.py --d-model 768 --n-layer 12 --vocab-size 8192 --gpus 1 --gpu RTX4090 \
-        --seq-len 1024 --micro-batch 8 --tokens 3e9 --price-per-gpu-hour 0.6
+    python code/budget.py --d-model 768 --n-layer 12 --vocab-size 50257 --gpus 1 --gpu RTX4090 \
+        --seq-len 1024 --micro-batch 8 --tokens 3e9 --price-per-gpu-hour 0.6 --checkpoint-activations
 
-The assumptions (each one a flag where a reader may differ):
-  compute     FLOPs = 6·N·D (forward 2N, backward 4N per token; attention's share is left out);
+What it assumes (each one a flag where a reader may differ):
+  compute     FLOPs per token = 6N + 12·L·s·h (forward 2N, backward 4N, plus attention's QKᵀ and PV,
+              which no parameter counts) when the shape is given; 6N when only --params is;
   data        D = 20·N tokens (Chinchilla's compute-optimal ratio) unless --tokens is given;
   time        hours = FLOPs / (GPUs · peak · MFU) / 3600, with the GPU's dense bf16 peak and MFU 40 %;
-  state       16 bytes per parameter: bf16 weights (2) and grads (2), fp32 master weights (4) and the
-              two fp32 Adam moments (4 + 4). DDP keeps all of it on every GPU; ZeRO-1 splits the 12 bytes
-              of fp32 optimizer state across GPUs, ZeRO-2 also the grads, ZeRO-3/FSDP everything;
-  activations 34·s·b·h bytes per layer (bf16, FlashAttention, no recomputation; Korthikanti et al.
-              2022 without the attention-matrix term), times L layers, the same under every scheme;
-  memory      GB = 1e9 bytes; a run "fits" when state + activations stay under 90 % of the GPU's memory
-              (the rest goes to the CUDA context, allocator fragmentation, the logits and temporaries).
+  memory      the memory ledger, code/memory.py: weights, gradients and optimizer state by precision
+              layout (--layout; default: train_gpu.py's autocast over fp32 weights), split by DDP or
+              ZeRO-1/2/3; this model's activations (bf16 autocast, flash attention, eager autograd),
+              the logits over --vocab-size and the loss's temporaries; --checkpoint-activations;
+  fits        GB = 1e9 bytes; a run fits when the ledger's peak stays under 90 % of the GPU's memory
+              (the rest: the CUDA context, the allocator's fragmentation, backward's short-lived buffers).
+
+With no arguments it prints the seed's rule of thumb (16 bytes/param, 34·s·b·h·L, 6N, no logits),
+reproduced exactly, and beside it the same scenarios computed by the ledger.
 """
 import argparse
 import re
@@ -24,86 +27,117 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import memory  # noqa: E402
 from gpus import CATALOG, GPUS  # noqa: E402
 from script_support import Parser, positive, positive_int  # noqa: E402
+from shapes import flops_per_token, param_count  # noqa: E402
 
-BYTES_PER_PARAM = 16  # bf16 weights 2 + bf16 grads 2 + fp32 master 4 + Adam m 4 + Adam v 4
-OPTIMIZER_BYTES = 12  # the fp32 part: master weights and the two moments
-GRAD_BYTES = 2
-WEIGHT_BYTES = 2
-ACT_COEFF = 34  # bytes per (token · hidden unit) in one layer
 USABLE_FRACTION = 0.9
 GB = 1e9
 DEFAULT_MFU = 0.40
 DEFAULT_TOKENS_PER_PARAM = 20
+REFERENCE_VOCAB = 50257  # GPT-2's tokenizer, for every reference row of the corrected table
 
 
 @dataclass(frozen=True)
 class Scenario:
     label: str
-    n_params: float
+    n_params: float  # the nominal size the rule of thumb uses
     d_model: int
     n_layer: int
+    n_head: int
     seq_len: int
     micro_batch: int
     gpus: int
 
+    def shape(self, vocab_size: int = REFERENCE_VOCAB) -> memory.Shape:
+        return memory.Shape(self.d_model, self.n_layer, self.n_head, self.seq_len, self.micro_batch, vocab_size)
+
 
 # The book's reference scenarios: nominal sizes, H100s, MFU 40 %, D = 20N.
 REFERENCE = (
-    Scenario("124M (GPT-2; h 768, L 12, s 1024, b 16)", 124e6, 768, 12, 1024, 16, 1),
-    Scenario("1.3B (h 2048, L 24, s 2048, b 8)", 1.3e9, 2048, 24, 2048, 8, 8),
-    Scenario("7B (h 4096, L 32, s 4096, b 2)", 7e9, 4096, 32, 4096, 2, 64),
+    Scenario("124M (GPT-2; h 768, L 12, s 1024, b 16)", 124e6, 768, 12, 12, 1024, 16, 1),
+    Scenario("1.3B (h 2048, L 24, s 2048, b 8)", 1.3e9, 2048, 24, 16, 2048, 8, 8),
+    Scenario("7B (h 4096, L 32, s 4096, b 2)", 7e9, 4096, 32, 32, 4096, 2, 64),
 )
-
-
-def train_flops(n_params: float, tokens: float) -> float:
-    return 6 * n_params * tokens
+H100 = GPUS["h100"]
 
 
 def train_hours(flops: float, gpus: int, peak_flops: float, mfu: float) -> float:
     return flops / (gpus * peak_flops * mfu) / 3600
 
 
-def state_bytes(n_params: float, gpus: int, scheme: str = "ddp") -> float:
-    """Model + optimizer state per GPU. ZeRO-1 shards the optimizer, ZeRO-2 also the grads,
-    ZeRO-3 (FSDP) also the weights."""
-    sharded = {"ddp": 0, "zero1": OPTIMIZER_BYTES, "zero2": OPTIMIZER_BYTES + GRAD_BYTES,
-               "zero3": BYTES_PER_PARAM}[scheme]
-    return n_params * ((BYTES_PER_PARAM - sharded) + sharded / gpus)
+def attention_share(shape: memory.Shape, n_params: float) -> float:
+    """Attention's 12·L·s·h as a fraction of all training FLOPs per token."""
+    return 1 - 6 * n_params / flops_per_token(shape, n_params)
 
 
-def activation_bytes(seq_len: int, micro_batch: int, d_model: int, n_layer: int) -> float:
-    return ACT_COEFF * seq_len * micro_batch * d_model * n_layer
-
-
-def params_of(d_model: int, n_layer: int, vocab_size: int = 8192) -> int:
-    """Parameters of the book's GPT (code/model.py) with this shape, counted on the meta device."""
-    import torch
-    from model import GPT, GPTConfig
-    with torch.device("meta"):  # no memory: only shapes
-        model = GPT(GPTConfig(vocab_size=vocab_size, d_model=d_model, n_layer=n_layer, n_head=1, seq_len=2))
-    return model.num_params()
-
-
-def max_micro_batch(n_params, gpus, scheme, seq_len, d_model, n_layer, memory_gb) -> int:
-    """The largest micro-batch whose state + activations fit the usable memory (0: none)."""
-    free = USABLE_FRACTION * memory_gb * GB - state_bytes(n_params, gpus, scheme)
-    return max(0, int(free // activation_bytes(seq_len, 1, d_model, n_layer)))
-
-
-def reference_rows(peak_flops: float = 989e12, mfu: float = DEFAULT_MFU) -> list:
+def rule_of_thumb_rows(peak_flops: float = H100.peak_flops, mfu: float = DEFAULT_MFU) -> list:
+    """The seed's table: 6ND, 16 bytes/param, 34·s·b·h·L, nominal sizes, no logits."""
     rows = []
     for sc in REFERENCE:
         tokens = DEFAULT_TOKENS_PER_PARAM * sc.n_params
-        flops = train_flops(sc.n_params, tokens)
+        flops = 6 * sc.n_params * tokens
+        state = {s: sum(memory.state_bytes(sc.n_params, sc.gpus, s, "mixed").values()) for s in ("ddp", "zero3")}
         rows.append(dict(
             scenario=sc, tokens=tokens, flops=flops, gpus=sc.gpus,
             hours=train_hours(flops, sc.gpus, peak_flops, mfu),
-            state_ddp=state_bytes(sc.n_params, sc.gpus, "ddp"),
-            state_fsdp=state_bytes(sc.n_params, sc.gpus, "zero3"),
-            activations=activation_bytes(sc.seq_len, sc.micro_batch, sc.d_model, sc.n_layer)))
+            state_ddp=state["ddp"], state_fsdp=state["zero3"],
+            activations=memory.rule_of_thumb_activation_bytes(sc.seq_len, sc.micro_batch, sc.d_model, sc.n_layer)))
     return rows
+
+
+def corrected_rows(peak_flops: float = H100.peak_flops, mfu: float = DEFAULT_MFU, layout: str = "autocast",
+                   checkpoint: bool = False) -> list:
+    """The same scenarios by the ledger: this model's parameters at each shape (vocabulary 50,257),
+    FLOPs with attention, memory by part at the step's peak."""
+    rows = []
+    for sc in REFERENCE:
+        shape = sc.shape()
+        n = param_count(sc.d_model, sc.n_layer, REFERENCE_VOCAB)
+        tokens = DEFAULT_TOKENS_PER_PARAM * n
+        flops = flops_per_token(shape, n) * tokens
+        peak = {s: memory.step_bytes(shape, n, sc.gpus, s, layout, checkpoint=checkpoint) for s in ("ddp", "zero3")}
+        rows.append(dict(scenario=sc, n_params=n, tokens=tokens, flops=flops, gpus=sc.gpus,
+                         attention_share=attention_share(shape, n),
+                         hours=train_hours(flops, sc.gpus, peak_flops, mfu),
+                         parts_ddp=peak["ddp"], parts_fsdp=peak["zero3"],
+                         state_ddp=_state(peak["ddp"]), state_fsdp=_state(peak["zero3"]),
+                         activations=_activations(peak["ddp"]), logits=_logits(peak["ddp"]),
+                         total_ddp=peak["ddp"]["total"], total_fsdp=peak["zero3"]["total"]))
+    return rows
+
+
+def _state(parts: dict) -> float:
+    return parts["weights"] + parts["grads"] + parts["optimizer"]
+
+
+def _logits(parts: dict) -> float:
+    return parts["logits"] + parts["logit temporaries"]
+
+
+def _activations(parts: dict) -> float:
+    return parts["layers"] + parts["recomputed block"] + parts["head"] + parts["weight copies"]
+
+
+def max_micro_batch(shape: memory.Shape, n_params: float, gpus: int, scheme: str, memory_gb: float,
+                    layout: str = "autocast", fp32_grads: bool = False, checkpoint: bool = False) -> int:
+    """The largest micro-batch whose ledger peak fits the usable memory (0: not even one sequence)."""
+    limit = USABLE_FRACTION * memory_gb * GB
+
+    def fits(b: int) -> bool:
+        s = memory.Shape(shape.d_model, shape.n_layer, shape.n_head, shape.seq_len, b, shape.vocab_size)
+        return memory.step_bytes(s, n_params, gpus, scheme, layout, fp32_grads, checkpoint)["total"] <= limit
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while fits(hi):  # memory grows with the micro-batch: double, then bisect
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def sci(x: float, digits: int = 1) -> str:
@@ -112,10 +146,10 @@ def sci(x: float, digits: int = 1) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
-def reference_table() -> str:
+def rule_of_thumb_table() -> str:
     lines = ["| model | tokens | FLOPs | GPUs | hours | state DDP | state FSDP | activations |",
              "|---|---|---|---|---|---|---|---|"]
-    for r in reference_rows():
+    for r in rule_of_thumb_rows():
         lines.append(
             f"| {r['scenario'].label} | {r['tokens'] / 1e9:.1f}B | {sci(r['flops'])} | {r['gpus']} | "
             f"{r['hours']:.1f} | {r['state_ddp'] / GB:.1f} GB | {r['state_fsdp'] / GB:.2f} GB | "
@@ -123,66 +157,90 @@ def reference_table() -> str:
     return "\n".join(lines)
 
 
-def estimate(n_params, gpus, peak_flops, mfu, tokens, memory_gb=None, seq_len=None, micro_batch=None,
-             d_model=None, n_layer=None, price_per_gpu_hour=None) -> dict:
-    """Everything the command line prints, as numbers (bytes, FLOPs, hours)."""
-    flops = train_flops(n_params, tokens)
+def corrected_table() -> str:
+    lines = ["| model | N | FLOPs | attention | hours | state DDP | state FSDP | activations | logits "
+             "| peak DDP | peak FSDP |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in corrected_rows():
+        lines.append(
+            f"| {r['scenario'].label.split()[0]} | {r['n_params'] / 1e9:.3f}B | {sci(r['flops'])} | "
+            f"{r['attention_share']:.1%} | {r['hours']:.1f} | {r['state_ddp'] / GB:.1f} GB | "
+            f"{r['state_fsdp'] / GB:.2f} GB | {r['activations'] / GB:.1f} GB | {r['logits'] / GB:.1f} GB | "
+            f"{r['total_ddp'] / GB:.1f} GB | {r['total_fsdp'] / GB:.1f} GB |")
+    return "\n".join(lines)
+
+
+def estimate(*, n_params: float, gpus: int, peak_flops: float, mfu: float, tokens: float,
+             memory_gb: float | None = None, shape: memory.Shape | None = None, layout: str = "autocast",
+             fp32_grads: bool = False, checkpoint: bool = False, price_per_gpu_hour: float | None = None) -> dict:
+    """Everything the command line prints, as numbers (bytes, FLOPs, hours). Without a shape there is
+    no activation memory and FLOPs are 6N per token."""
+    per_token = 6 * n_params if shape is None else flops_per_token(shape, n_params)
+    flops = per_token * tokens
     hours = train_hours(flops, gpus, peak_flops, mfu)
-    out = dict(n_params=n_params, tokens=tokens, flops=flops, gpus=gpus, hours=hours,
-               gpu_hours=hours * gpus, cost=None if price_per_gpu_hour is None else hours * gpus * price_per_gpu_hour)
-    act = None
-    if None not in (seq_len, micro_batch, d_model, n_layer):
-        act = activation_bytes(seq_len, micro_batch, d_model, n_layer)
-    out["activations"] = act
-    out["memory"] = {}
-    for scheme in ("ddp", "zero1", "zero2", "zero3"):
-        st = state_bytes(n_params, gpus, scheme)
-        total = None if act is None else st + act
-        fits = None if (total is None or memory_gb is None) else total <= USABLE_FRACTION * memory_gb * GB
-        mb = None
-        if memory_gb is not None and None not in (seq_len, d_model, n_layer):
-            mb = max_micro_batch(n_params, gpus, scheme, seq_len, d_model, n_layer, memory_gb)
-        out["memory"][scheme] = dict(state=st, total=total, fits=fits, max_micro_batch=mb)
+    out = dict(n_params=n_params, tokens=tokens, flops=flops, gpus=gpus, hours=hours, gpu_hours=hours * gpus,
+               attention_share=None if shape is None else attention_share(shape, n_params),
+               cost=None if price_per_gpu_hour is None else hours * gpus * price_per_gpu_hour, memory={})
+    for scheme in memory.SCHEMES:
+        state = memory.state_bytes(n_params, gpus, scheme, layout, fp32_grads)
+        row = dict(state=sum(state.values()), activations=None, logits=None, total=None, fits=None,
+                   max_micro_batch=None)
+        if shape is not None:
+            parts = memory.step_bytes(shape, n_params, gpus, scheme, layout, fp32_grads, checkpoint)
+            row.update(parts=parts, activations=_activations(parts), logits=_logits(parts), total=parts["total"])
+            if memory_gb is not None:
+                row["fits"] = parts["total"] <= USABLE_FRACTION * memory_gb * GB
+                row["max_micro_batch"] = max_micro_batch(shape, n_params, gpus, scheme, memory_gb, layout,
+                                                         fp32_grads, checkpoint)
+        out["memory"][scheme] = row
     return out
 
 
-SCHEME_NAMES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3/FSDP"}
+def _cell(x, width: int) -> str:
+    return f"{'?':>{width}}" if x is None else f"{x / GB:>{width}.2f}"
 
 
-def report(est: dict, gpu_label: str, peak_flops: float, mfu: float, memory_gb) -> str:
+def report(est: dict, gpu_label: str, peak_flops: float, mfu: float, memory_gb, layout: str = "autocast",
+           checkpoint: bool = False) -> str:
     n, d = est["n_params"], est["tokens"]
+    if est["attention_share"] is None:
+        compute = f"compute     6·N·D = {sci(est['flops'], 2)} FLOPs (give --d-model and --n-layer to count attention)"
+    else:
+        compute = (f"compute     (6N + 12·L·s·h)·D = {sci(est['flops'], 2)} FLOPs "
+                   f"(attention {est['attention_share']:.1%} of it)")
     lines = [
         f"model       {n / 1e9:.3f}B parameters, {d / 1e9:.1f}B tokens ({d / n:.1f} tokens/param)",
-        f"compute     6·N·D = {sci(est['flops'], 2)} FLOPs",
+        compute,
         f"hardware    {est['gpus']} × {gpu_label}: {peak_flops / 1e12:.1f} TFLOP/s bf16 peak each, "
         f"MFU {mfu:.0%} → {est['gpus'] * peak_flops * mfu / 1e12:.0f} TFLOP/s achieved",
         f"time        {est['hours']:,.2f} hours ({est['hours'] / 24:,.2f} days), {est['gpu_hours']:,.1f} GPU-hours",
     ]
     if est["cost"] is not None:
         lines.append(f"cost        {est['cost']:,.0f} (GPU-hours × price per GPU-hour)")
-    lines.append("memory per GPU (GB; state = 16 bytes/param, split as each scheme splits it):")
-    act = est["activations"]
+    lines.append(f"memory per GPU (GB): {memory.LAYOUT_NAMES[layout]}; activations of eager bf16 autocast "
+                 f"with flash attention{', checkpointed per block' if checkpoint else ''}; logits include the "
+                 f"loss's temporaries")
     limit = None if memory_gb is None else USABLE_FRACTION * memory_gb
-    header = f"  {'scheme':<12} {'state':>8} {'activations':>12} {'total':>8}"
+    header = f"  {'scheme':<12} {'state':>8} {'activations':>12} {'logits':>8} {'total':>8}"
     if limit is not None:
         header += f"   fits {limit:.0f} of {memory_gb:g} GB?  max micro-batch"
     lines.append(header)
     for scheme, m in est["memory"].items():
-        row = f"  {SCHEME_NAMES[scheme]:<12} {m['state'] / GB:>8.2f} "
-        row += f"{act / GB:>12.2f} {m['total'] / GB:>8.2f}" if act is not None else f"{'?':>12} {'?':>8}"
+        row = (f"  {memory.SCHEME_NAMES[scheme]:<12} {m['state'] / GB:>8.2f} {_cell(m['activations'], 12)} "
+               f"{_cell(m['logits'], 8)} {_cell(m['total'], 8)}")
         if limit is not None:
             row += f"   {'?' if m['fits'] is None else ('yes' if m['fits'] else 'no'):<19}"
             row += f"  {'?' if m['max_micro_batch'] is None else m['max_micro_batch']}"
         lines.append(row)
-    if act is None:
-        lines.append("  (activations need --d-model, --n-layer, --seq-len and --micro-batch)")
+    if est["attention_share"] is None:
+        lines.append("  (activations need --d-model and --n-layer)")
     elif limit is not None:
         fitting = [s for s, m in est["memory"].items() if m["fits"]]
         if fitting:
-            lines.append(f"verdict     fits under {SCHEME_NAMES[fitting[0]]}"
+            lines.append(f"verdict     fits under {memory.SCHEME_NAMES[fitting[0]]}"
                          + ("" if fitting[0] == "ddp" else " (not under plain DDP)"))
         else:
-            lines.append("verdict     fits under no scheme: lower --micro-batch, recompute activations, "
+            lines.append("verdict     fits under no scheme: lower --micro-batch, add --checkpoint-activations, "
                          "or shard over more GPUs")
     return "\n".join(lines)
 
@@ -196,11 +254,13 @@ def _mfu(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(description="Estimate compute, time, cost and memory of a GPT training run. "
-                                "With no arguments: print the book's reference table.")
-    p.add_argument("--params", type=positive, help="parameters N (e.g. 1.3e9 or 1.3B)")
-    p.add_argument("--d-model", type=positive_int, help="hidden size h (with --n-layer: derives N if --params is absent)")
+                           "With no arguments: print the rule of thumb's reference table and the corrected one.")
+    p.add_argument("--params", type=positive, help="parameters N (e.g. 1.3e9 or 1.3B); default: from the shape")
+    p.add_argument("--d-model", type=positive_int, help="hidden size h (with --n-layer: the shape, for FLOPs and memory)")
     p.add_argument("--n-layer", type=positive_int, help="layers L")
-    p.add_argument("--vocab-size", type=positive_int, default=8192, help="vocabulary, to derive N (default 8192)")
+    p.add_argument("--n-head", type=positive_int, help="attention heads (default: d-model / 64)")
+    p.add_argument("--vocab-size", type=positive_int, default=8192,
+                   help="vocabulary V: the logits' size, and N when derived from the shape (default 8192)")
     p.add_argument("--gpus", type=positive_int, default=8, help="number of GPUs (default 8)")
     p.add_argument("--gpu", default="H100", help="GPU from the catalog: " + ", ".join(g.name for g in CATALOG))
     p.add_argument("--peak-tflops", type=positive, help="dense bf16 peak per GPU in TFLOP/s (overrides --gpu)")
@@ -212,6 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--tokens", type=positive, help="training tokens D (e.g. 20e9 or 20B)")
     p.add_argument("--seq-len", type=positive_int, default=2048, help="sequence length s (default 2048)")
     p.add_argument("--micro-batch", type=positive_int, default=8, help="sequences per GPU per forward (default 8)")
+    p.add_argument("--layout", choices=tuple(memory.LAYOUTS), default="autocast",
+                   help="precision layout of the state: autocast (fp32 weights, as train_gpu.py; default) or "
+                        "mixed (bf16 weights and grads + fp32 master, as Megatron)")
+    p.add_argument("--fp32-grads", action="store_true", help="with --layout mixed: fp32 gradients (18 bytes/param)")
+    p.add_argument("--checkpoint-activations", action="store_true",
+                   help="per-block activation checkpointing (train_gpu.py --checkpoint-activations)")
     p.add_argument("--price-per-gpu-hour", type=positive, help="rental price of one GPU for one hour")
     return p
 
@@ -219,9 +285,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
-        print("Reference table: H100 (989 TFLOP/s bf16, 80 GB), MFU 40%, D = 20N, FLOPs = 6ND, "
-              "state 16 B/param, activations 34·s·b·h·L bytes")
-        print(reference_table())
+        print("The rule of thumb: H100 (989 TFLOP/s bf16, 80 GB), MFU 40%, D = 20N, FLOPs = 6ND, "
+              "state 16 B/param, activations 34·s·b·h·L bytes, no logits")
+        print(rule_of_thumb_table())
+        print(f"\nCorrected by the memory ledger (code/memory.py): this model's N at each shape with vocabulary "
+              f"{REFERENCE_VOCAB:,}, D = 20N, FLOPs = (6N + 12·L·s·h)·D, {memory.LAYOUT_NAMES['autocast']}, "
+              f"peak = state + activations + logits")
+        print(corrected_table())
         return
     parser = build_parser()
     # argparse takes "-1e9" for an option; glue such a value to its flag so the check below can name it
@@ -234,21 +304,32 @@ def main(argv=None) -> None:
     args = parser.parse_args(merged)
     if args.params is None and (args.d_model is None or args.n_layer is None):
         parser.error("give the model size: --params, or --d-model and --n-layer")
-    if args.d_model is not None and args.d_model % 2:
-        parser.error(f"--d-model {args.d_model} must be even (the book's model uses RoPE)")
-    n = args.params if args.params is not None else params_of(args.d_model, args.n_layer, args.vocab_size)
+    if (args.d_model is None) != (args.n_layer is None):
+        parser.error("give --d-model and --n-layer together (the shape), or neither")
+    if args.fp32_grads and args.layout != "mixed":
+        parser.error("--fp32-grads goes with --layout mixed (the autocast layout's gradients are fp32 already)")
+    shape = None
+    if args.d_model is not None:
+        n_head = args.n_head or max(1, args.d_model // 64)
+        try:
+            shape = memory.Shape(args.d_model, args.n_layer, n_head, args.seq_len, args.micro_batch, args.vocab_size)
+        except ValueError as e:
+            parser.error(f"{e}; choose --n-head so that d-model / n-head is even")
+    elif args.n_head is not None or args.checkpoint_activations:
+        parser.error("--n-head and --checkpoint-activations need the shape: --d-model and --n-layer")
+    n = args.params if args.params is not None else param_count(args.d_model, args.n_layer, args.vocab_size)
     gpu = GPUS.get(args.gpu.lower())
     if gpu is None and args.peak_tflops is None:
         parser.error(f"unknown GPU {args.gpu!r}; known: {', '.join(g.name for g in CATALOG)} "
                      "(or give --peak-tflops and --memory-gb)")
     peak = args.peak_tflops * 1e12 if args.peak_tflops is not None else gpu.peak_flops
-    memory = args.memory_gb if args.memory_gb is not None else (gpu.memory_gb if gpu else None)
+    memory_gb = args.memory_gb if args.memory_gb is not None else (gpu.memory_gb if gpu else None)
     label = gpu.name if gpu is not None and args.peak_tflops is None else f"GPU ({peak / 1e12:g} TFLOP/s)"
     tokens = args.tokens if args.tokens is not None else args.tokens_per_param * n
-    h, L = args.d_model, args.n_layer
-    est = estimate(n, args.gpus, peak, args.mfu, tokens, memory, args.seq_len, args.micro_batch, h, L,
-                   args.price_per_gpu_hour)
-    print(report(est, label, peak, args.mfu, memory))
+    est = estimate(n_params=n, gpus=args.gpus, peak_flops=peak, mfu=args.mfu, tokens=tokens, memory_gb=memory_gb,
+                   shape=shape, layout=args.layout, fp32_grads=args.fp32_grads,
+                   checkpoint=args.checkpoint_activations, price_per_gpu_hour=args.price_per_gpu_hour)
+    print(report(est, label, peak, args.mfu, memory_gb, args.layout, args.checkpoint_activations))
 
 
 if __name__ == "__main__":

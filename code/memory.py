@@ -224,6 +224,20 @@ def measured_peak_prediction(shape: Shape, n_params: int, accum: int = 1, checkp
     return peak["total"] - peak["weights"] - peak["optimizer"]
 
 
+# ---- the rule of thumb, kept to show where it is wrong -----------------------------------------------
+
+RULE_BYTES_PER_PARAM = 16  # the mixed layout's 2 + 2 + 12; the autocast layout's 4 + 4 + 8
+RULE_ACTIVATION_COEFF = 34  # bytes per token per hidden unit per layer
+
+
+def rule_of_thumb_activation_bytes(seq_len: int, micro_batch: int, d_model: int, n_layer: int) -> float:
+    """34·s·b·h bytes per layer: Korthikanti et al. (2022), "Reducing Activation Recomputation in
+    Large Transformer Models", eq. 1 without its 5·a·s/h attention-matrix term (which FlashAttention
+    removes), for a GPT block with GELU, LayerNorm and dropout in 16-bit precision. Not this model:
+    activation_bytes is."""
+    return RULE_ACTIVATION_COEFF * seq_len * micro_batch * d_model * n_layer
+
+
 # ---- witness: count what autograd really saves ---------------------------------------------------
 
 def trace_saved_bytes(shape: Shape, kernels: str = "gpu", checkpoint: bool = False) -> dict:
