@@ -9,6 +9,11 @@ On CUDA: bf16 autocast over fp32 master weights, TF32 for the remaining fp32 mat
 DDP (NCCL) that skips the gradient all-reduce on all but the last micro-batch, fused AdamW, pinned
 host memory with non-blocking copies. On a CPU: fp32, gloo, plain AdamW, no compile by default.
 Gradient accumulation steps = global batch tokens / (micro-batch · seq-len · processes).
+--checkpoint-activations keeps only each block's input and recomputes the block during backward
+(GPT.checkpoint_blocks): less activation memory for about one more forward pass, same parameters.
+
+Memory: on CUDA the log puts torch's peak allocation beside what the memory ledger (code/memory.py)
+predicts for this shape under eager autograd; torch.compile usually needs less than the ledger.
 
 Data: the book's tokens (default) or --data PATH, a flat file of uint16 token ids (see
 code/prepare_tokens.py), read through np.memmap so a corpus of many GB never has to fit in memory.
@@ -32,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from data import get_batch, load_tokens  # noqa: E402
 from gpus import gpu_for_device  # noqa: E402
 from measure import flops_per_token  # noqa: E402
+from memory import Shape, step_bytes  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from script_support import (Parser, accumulate_gradients, fail, launch_ranks, mean_across_ranks,  # noqa: E402
                             process_group, save_atomic, set_lr)
@@ -66,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--device", choices=("cuda", "cpu"), default="cuda")
     a("--compile", action=argparse.BooleanOptionalAction, default=None,
       help="torch.compile the model (default: on for CUDA, off for CPU)")
+    a("--checkpoint-activations", action="store_true",
+      help="recompute each block's activations during backward instead of keeping them (less memory)")
     a("--peak-tflops", type=float, default=None, help="GPU peak for MFU if the name lookup does not know it")
     a("--inject-nan-at", type=int, default=None, help=argparse.SUPPRESS)  # tests the NaN guard
     return p
@@ -76,6 +84,8 @@ def check_args(args, world: int) -> int:
     for name in ("d_model", "n_layer", "n_head", "seq_len", "vocab_size", "micro_batch", "steps", "log_every"):
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.d_model % args.n_head or (args.d_model // args.n_head) % 2:
+        fail(f"--d-model {args.d_model} must split into --n-head {args.n_head} heads of even size (RoPE)")
     if args.save_every < 0 or args.warmup < 0 or not args.lr > 0:
         fail("--save-every and --warmup must be >= 0 and --lr > 0")
     if args.vocab_size > 65536 and args.data:
@@ -142,6 +152,14 @@ def peak_flops(device, override_tflops):
     return gpu.peak_flops, f"{name} → {gpu.name}, bf16 dense peak {gpu.peak_flops / 1e12:g} TFLOP/s"
 
 
+def ledger_mib(args, n_params: int, world: int) -> float:
+    """The memory ledger's peak per GPU for this run, in MiB: eager autograd, bf16 autocast over fp32
+    weights, DDP (every GPU holds the whole state), the GPU kernels, checkpointing as asked."""
+    shape = Shape(args.d_model, args.n_layer, args.n_head, args.seq_len, args.micro_batch, args.vocab_size)
+    return step_bytes(shape, n_params, gpus=world, scheme="ddp", layout="autocast",
+                      checkpoint=args.checkpoint_activations, kernels="gpu")["total"] / 2**20
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     ranks = launch_ranks()
@@ -174,6 +192,7 @@ def run(args, device, ranks, accum: int):
     cfg = GPTConfig(vocab_size=args.vocab_size, d_model=args.d_model, n_layer=args.n_layer,
                     n_head=args.n_head, seq_len=args.seq_len)
     raw = GPT(cfg).to(device)  # fp32 master weights; autocast runs the matmuls in bf16
+    raw.checkpoint_blocks = args.checkpoint_activations  # set before compile and DDP wrap the model
     opt = configure_optimizer(raw, args.lr, args.weight_decay, fused=True if cuda else None)
     data = TokenSource(args.data, args.vocab_size)
     gen = torch.Generator().manual_seed(args.seed + 1)  # the sampler: same stream on every rank
@@ -205,7 +224,13 @@ def run(args, device, ranks, accum: int):
         f"× seq {args.seq_len} × {world} × accumulation {accum} = {tokens_per_step:,} tokens per step")
     log(f"data: {data.name}, {len(data):,} tokens; each step reads {tokens_per_step / len(data):.3g} "
         f"of it | precision: {'bf16 autocast, fp32 master weights, TF32' if cuda else 'fp32'} | "
-        f"compile: {use_compile} | {peak_note}")
+        f"compile: {use_compile} | activation checkpointing: {'on' if args.checkpoint_activations else 'off'} | "
+        f"{peak_note}")
+    ledger = None  # the GPU path's prediction; the CPU runs other kernels (fp32, blocked loss)
+    if cuda:
+        ledger = ledger_mib(args, n_params, world)
+        log(f"memory ledger (code/memory.py): {ledger:,.0f} MiB per GPU predicted for eager autograd; "
+            f"torch.compile usually needs less")
 
     def batch():
         # one global micro-batch from the shared generator; this rank keeps its rows
@@ -271,7 +296,8 @@ def run(args, device, ranks, accum: int):
             if peak is not None:
                 line += f" | MFU {100 * flops_tok * tok_s / (peak * world):.1f}%"
             if cuda:
-                line += f" | peak mem {torch.cuda.max_memory_allocated(device) / 2**20:,.0f} MiB"
+                line += (f" | peak mem {torch.cuda.max_memory_allocated(device) / 2**20:,.0f} MiB"
+                         f" (ledger {ledger:,.0f} MiB)")
             log(line)
             loss_sum.zero_()
             t_last, steps_since = time.perf_counter(), 0
@@ -279,6 +305,9 @@ def run(args, device, ranks, accum: int):
             t_save = time.perf_counter()
             checkpoint(done)
             t_last += time.perf_counter() - t_save  # saving is not training: keep it out of tokens/s
+    if cuda:
+        peak_mib = torch.cuda.max_memory_allocated(device) / 2**20
+        log(f"memory: peak allocated {peak_mib:,.0f} MiB, ledger {ledger:,.0f} MiB, ratio {peak_mib / ledger:.2f}")
     log(f"done: {args.steps} steps; last checkpoint {CKPT_NAME} in --out")
 
 

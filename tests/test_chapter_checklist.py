@@ -84,3 +84,53 @@ def test_chapter_has_a_sanitizer_section(md):
     assert header in lines, (
         f"{rel(book.SANITIZER)} has no section for {rel(md)}; add the line\n{header}\n"
         f"after the section of the chapter before it (the chapter's own nbval masks, if any, go below it)")
+
+
+# ---- glue keys: one namespace per chapter ----
+# A value glued in chapter N is named chN_...: the keys of all chapters share one namespace in the
+# built book, and the prefix says at a glance which chapter a {glue:text}`key` in the prose comes from.
+
+GLUE_FUNCTIONS = ("glue", "glue_measured")
+GLUE_ROLE = re.compile(r"\{glue(?::\w+)?\}`([^`:]+)")  # {glue:text}`key:,` -> key
+
+
+def glue_keys(md):
+    """The keys the chapter's code cells glue, as regexes: a string literal as itself, an f-string or a
+    literal + expression with `.+` for the computed part. Returns [(regex, literal prefix, line)]."""
+    import ast
+    keys = []
+    for cell in jupytext.read(md).cells:
+        if cell.cell_type != "code":
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            func = getattr(node, "func", None)
+            name = getattr(func, "id", None) or getattr(func, "attr", None)
+            if not isinstance(node, ast.Call) or name not in GLUE_FUNCTIONS or not node.args:
+                continue
+            arg, line = node.args[0], ast.get_source_segment(cell.source, node).splitlines()[0]
+            if isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Add):
+                parts = [arg.left, None]
+            elif isinstance(arg, ast.JoinedStr):
+                parts = [v if isinstance(v, ast.Constant) else None for v in arg.values]
+            else:
+                parts = [arg]
+            if not all(p is None or isinstance(p, ast.Constant) and isinstance(p.value, str) for p in parts):
+                pytest.fail(f"{rel(md)}: the key of `{line}` is not a string, an f-string or \"literal\" + ...")
+            prefix = parts[0].value if parts[0] is not None else ""
+            keys.append(("".join(".+" if p is None else re.escape(p.value) for p in parts), prefix, line))
+    return keys
+
+
+@pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
+def test_glue_keys_carry_the_chapter_prefix(md):
+    prefix = f"ch{int(md.name[:2])}_"
+    wrong = [line for _, start, line in glue_keys(md) if not start.startswith(prefix)]
+    assert not wrong, f"{rel(md)}: glue keys must start with {prefix!r} (the chapter's number): {wrong}"
+
+
+@pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
+def test_glue_references_name_keys_the_chapter_defines(md):
+    keys = [key for key, _, _ in glue_keys(md)]
+    prose = "\n".join(c.source for c in jupytext.read(md).cells if c.cell_type == "markdown")
+    unknown = sorted({ref for ref in GLUE_ROLE.findall(prose) if not any(re.fullmatch(k, ref) for k in keys)})
+    assert not unknown, f"{rel(md)}: the prose refers to glue keys that no code cell of the chapter glues: {unknown}"
