@@ -202,10 +202,14 @@ def step_bytes(shape: Shape, n_params: float, gpus: int = 1, scheme: str = "ddp"
     moments: the end of forward, when everything saved and the loss's temporaries coexist; or,
     with checkpointing, while backward recomputes the last block (the head's tensors are freed by
     then). The parts are those of the larger moment; a part absent at that moment is 0.
+    The activations are those of the autocast run (`kernels`); under the mixed layout the weights
+    are bf16 already, so there are no weight copies.
     Left out: backward's short-lived gradients of activations, the CUDA context and the
     allocator's fragmentation (on a GPU, budget a few GB for these)."""
     out = state_bytes(n_params, gpus, scheme, layout, fp32_grads)
     act = activation_bytes(shape, kernels, checkpoint)
+    if layout == "mixed":  # the weights are bf16 already: no autocast copies. The rest stays the
+        act["weight copies"] = 0  # autocast run's, an upper bound (pure bf16 saves norm inputs in 2 bytes)
     act["logit temporaries"] = logits_bytes(shape, kernels)["temporary"]
     forward_end = {**act, "recomputed block": 0}
     recompute = {part: 0 for part in act}
