@@ -3,11 +3,17 @@
     python code/ddp_train.py --out single.pt                                   # one process, whole batch
     python -m torch.distributed.run --standalone --nproc-per-node 2 code/ddp_train.py --out ddp.pt
     python -m torch.distributed.run --standalone --nproc-per-node 2 code/ddp_train.py --fsdp --out fsdp.pt
+    python -m torch.distributed.run --standalone --nproc-per-node 2 code/ddp_train.py --accum 4 --count-all-reduce
+    python -m torch.distributed.run --standalone --nproc-per-node 2 code/ddp_train.py --show-data-order
 
 Every step draws one global batch from a generator seeded identically on every process; the batch
 is cut into --slices slices (default: one per process) and each rank takes its own. So one process
 with the whole batch and N processes with a slice each see exactly the same data. Only rank 0 logs
 and saves; the checkpoint holds the plain model's state, which loads into an unwrapped GPT.
+
+Two demonstrations of bugs that raise no error: --backward-only-no-sync (with --count-all-reduce
+to see what it costs) and --show-data-order (DistributedSampler with and without set_epoch, and a
+plain shuffled DataLoader; no training).
 """
 import contextlib
 import sys
@@ -36,6 +42,14 @@ def parse_args(argv=None):
     p.add_argument("--same-data", action="store_true",
                    help="the bug to recognise: every rank takes slice 0 instead of its own")
     p.add_argument("--accum", type=int, default=1, help="micro-batches per step on each process")
+    p.add_argument("--backward-only-no-sync", action="store_true",
+                   help="the bug to recognise: no_sync encloses only backward, forward runs outside it (DDP)")
+    p.add_argument("--bucket-mb", type=float, default=25.0,
+                   help="DDP gathers gradients into buckets of about this size, one all-reduce each")
+    p.add_argument("--count-all-reduce", action="store_true",
+                   help="count DDP's gradient all-reduces per step (a communication hook) and print them")
+    p.add_argument("--show-data-order", action="store_true",
+                   help="(demo) print which windows each rank reads under three loading schemes; no training")
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--n-layer", type=int, default=2)
@@ -56,6 +70,8 @@ def parse_args(argv=None):
     for name in ("steps", "global_batch", "accum", "seq_len"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.fsdp and (args.backward_only_no_sync or args.count_all_reduce):
+        p.error("--backward-only-no-sync and --count-all-reduce are about DDP; drop --fsdp")
     return args
 
 
@@ -83,7 +99,8 @@ def wrap(model, args, world: int):
             fully_shard(block)
         return fully_shard(model)
     from torch.nn.parallel import DistributedDataParallel as DDP
-    return DDP(model)  # broadcasts rank 0's parameters, then all-reduces gradients in backward
+    # broadcasts rank 0's parameters, then all-reduces gradients in backward, bucket by bucket
+    return DDP(model, bucket_cap_mb=args.bucket_mb)
 
 
 def no_grad_sync(model, args, world: int):
@@ -100,6 +117,39 @@ def no_grad_sync(model, args, world: int):
                 model.set_requires_gradient_sync(True)
         return skip()
     return model.no_sync()
+
+
+def accumulate_backward_only_in_no_sync(model, micro_batches, no_sync) -> torch.Tensor:
+    """The bug to recognise: accumulate_gradients with forward moved outside no_sync.
+
+    DDP arms the all-reduce of a backward during the forward before it, so here every
+    micro-batch's backward all-reduces; no_sync around backward alone changes nothing."""
+    n = len(micro_batches)
+    total = 0.0
+    for i, (x, y) in enumerate(micro_batches):
+        _, loss = model(x, y)  # outside no_sync: this backward's all-reduce is already armed
+        with contextlib.nullcontext() if i == n - 1 else no_sync():
+            (loss / n).backward()
+        total = total + loss.detach() / n
+    return total
+
+
+def count_all_reduces(model) -> list:
+    """Make DDP all-reduce through a communication hook that records each call's bucket (index,
+    whether it is the last bucket of this backward).
+
+    The hook does what DDP does without one (default_hooks.allreduce_hook: divide by the number of
+    processes, all-reduce); DDP calls it once per gradient bucket each time a backward all-reduces.
+    Returns the list the hook appends to; the caller empties it after each step."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    calls = []
+
+    def hook(state, bucket):
+        calls.append((bucket.index(), bucket.is_last()))
+        return allreduce_hook(state, bucket)
+
+    model.register_comm_hook(None, hook)  # state None: the default process group
+    return calls
 
 
 def local_numel(tensors) -> int:
@@ -123,7 +173,8 @@ def train_step(model, opt, x, y, args, world: int) -> float:
     The rows are cut into --accum micro-batches; the gradients are all-reduced once, after the
     last of them, so the step equals one on the whole global batch."""
     micro_batches = list(zip(x.chunk(args.accum), y.chunk(args.accum)))
-    loss = accumulate_gradients(model, micro_batches, no_sync=lambda: no_grad_sync(model, args, world))
+    accumulate = accumulate_backward_only_in_no_sync if args.backward_only_no_sync else accumulate_gradients
+    loss = accumulate(model, micro_batches, no_sync=lambda: no_grad_sync(model, args, world))
     if args.clip:
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
     opt.step()
@@ -136,7 +187,10 @@ def main(argv=None):
     torch.set_num_threads(1)  # two processes on two cores: one thread each
     # without a timeout a rank that never arrives would leave the others waiting forever
     with process_group("gloo", timeout_s=args.timeout) as (rank, _, world):
-        run(args, rank, world)
+        if args.show_data_order:
+            show_data_order(args, rank, world)
+        else:
+            run(args, rank, world)
 
 
 def run(args, rank: int, world: int):
@@ -150,6 +204,8 @@ def run(args, rank: int, world: int):
     cfg = GPTConfig(d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head, seq_len=args.seq_len)
     torch.manual_seed(args.seed)  # same initial weights on every rank (FSDP2 does not broadcast them)
     model = wrap(GPT(cfg), args, world)
+    all_reduces = count_all_reduces(model) if args.count_all_reduce and world > 1 else None
+    calls_per_step = []
     if args.optimizer == "adamw":
         opt = configure_optimizer(model, args.lr)
     else:
@@ -169,6 +225,9 @@ def run(args, rank: int, world: int):
         if step == args.fail_step and rank == args.hang_rank:
             time.sleep(3600)  # a stuck rank: the others' next all-reduce must time out, not wait forever
         loss = train_step(model, opt, x, y, args, world)
+        if all_reduces is not None:
+            calls_per_step.append(list(all_reduces))
+            all_reduces.clear()
         if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
             mean = mean_across_ranks(torch.tensor(loss))  # the global batch's loss, not just rank 0's slice
             log(f"step {step + 1:3d}  loss {mean.item():.4f}")
@@ -182,12 +241,84 @@ def run(args, rank: int, world: int):
         gathered = [shares]
     for r, (p, s) in enumerate(gathered):
         log(f"rank {r}: parameters {p.item():,}, optimizer state {s.item():,} numbers")
+    if calls_per_step:
+        log_all_reduce_counts(calls_per_step, log)
     state = full_state(model, args, world)
     if rank == 0 and args.out:
         save_atomic({"model": state, "config": asdict(cfg), "steps": args.steps, "world_size": world}, args.out)
         log(f"rank 0 saved {args.out.name} in {time.perf_counter() - t0:.1f} s")
     if world > 1:
         dist.barrier()  # the others wait until rank 0 has saved
+
+
+def log_all_reduce_counts(calls_per_step, log):
+    """One line per distinct count: the bucket all-reduces of a step, and how many backward passes
+    (micro-batches) made them. DDP regroups its buckets once, after the first backward that
+    all-reduces, so the first step may count differently from the rest."""
+    counts = {}
+    for step, calls in enumerate(calls_per_step, 1):
+        synced = sum(last for _, last in calls)  # each all-reducing backward ends with the last bucket
+        counts.setdefault((len(calls), synced, len({i for i, _ in calls})), []).append(step)
+    for (n, synced, buckets), steps in counts.items():
+        where = f"steps {steps[0]}-{steps[-1]}" if len(steps) > 1 else f"step {steps[0]}"
+        split = (f"buckets {buckets} × micro-batches {synced}" if n == buckets * synced
+                 else f"micro-batches {synced}, buckets regrouped within the step")
+        log(f"all-reduce calls per step: {n} ({split}), {where}")
+
+
+# ---- which data each rank reads: a map-style dataset and a sampler ----
+
+class Windows(torch.utils.data.Dataset):
+    """A token stream cut into non-overlapping windows of seq_len + 1 tokens; item i is (x, y)."""
+
+    def __init__(self, tokens, seq_len: int):
+        self.tokens, self.seq_len = tokens, seq_len
+
+    def __len__(self):
+        return (len(self.tokens) - 1) // self.seq_len
+
+    def __getitem__(self, i):
+        w = self.tokens[i * self.seq_len: (i + 1) * self.seq_len + 1]
+        return w[:-1], w[1:]
+
+
+def show_data_order(args, rank: int, world: int, n_windows: int = 16, epochs: int = 3, batch: int = 4):
+    """For three ways to load a map-style dataset, the window indices each rank reads, epoch by
+    epoch; rank 0 prints them and, with --out, saves {scheme: [[rank 0's order, ...] per epoch]}."""
+    from torch.utils.data import DataLoader, DistributedSampler
+    try:
+        tokens = load_tokens().train
+    except CorpusError as e:
+        fail(str(e))
+    data = Windows(tokens[: n_windows * args.seq_len + 1], args.seq_len)
+    torch.manual_seed(args.seed)  # every rank seeds alike, as it must for identical initial weights
+    orders = {}
+    for scheme in ("sampler + set_epoch", "sampler, no set_epoch", "shuffle=True, no sampler"):
+        if scheme == "shuffle=True, no sampler":
+            loader = DataLoader(data, batch_size=batch, shuffle=True)  # draws from the seeded global RNG
+        else:  # each rank gets its own 1/world of a permutation seeded by seed + epoch
+            sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+            loader = DataLoader(data, batch_size=batch, sampler=sampler)
+        orders[scheme] = []
+        for epoch in range(epochs):
+            if scheme == "sampler + set_epoch":
+                sampler.set_epoch(epoch)  # PyTorch's docs: call this at the start of every epoch
+            orders[scheme].append([i for b in loader.batch_sampler for i in b])  # the indices it fetches
+    everyone = [None] * world
+    if world > 1:
+        dist.all_gather_object(everyone, orders)
+    else:
+        everyone = [orders]
+    if rank:
+        return
+    print(f"{len(data)} windows of {args.seq_len} tokens, {world} ranks, batches of {batch}")
+    for scheme in orders:
+        print(scheme)
+        for epoch in range(epochs):
+            for r in range(world):
+                print(f"  epoch {epoch}, rank {r} reads {everyone[r][scheme][epoch]}")
+    if args.out:
+        save_atomic({s: [[everyone[r][s][e] for r in range(world)] for e in range(epochs)] for s in orders}, args.out)
 
 
 if __name__ == "__main__":

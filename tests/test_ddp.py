@@ -1,5 +1,7 @@
-"""code/ddp_train.py with two gloo processes: equal to one process, rank-0-only saving, fast failure."""
+"""code/ddp_train.py with two gloo processes: equal to one process, rank-0-only saving, fast failure,
+and the two silent bugs it demonstrates (no_sync around backward only; per-rank data order)."""
 import os
+import re
 import subprocess
 import sys
 import time
@@ -33,7 +35,9 @@ def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("ddp")
     out = {}
     out["single"], _ = run(d, ["--out", "single.pt"])
-    out["ddp"], _ = run(d, ["--accum", "2", "--out", "ddp.pt"], nproc=2)
+    counted = ["--accum", "2", "--count-all-reduce", "--bucket-mb", "0.01"]  # small buckets: several of them
+    out["ddp"], _ = run(d, [*counted, "--out", "ddp.pt"], nproc=2)
+    out["wrong"], _ = run(d, [*counted, "--backward-only-no-sync", "--out", "wrong.pt"], nproc=2)
     out["same"], _ = run(d, ["--same-data", "--out", "same.pt"], nproc=2)
     for p in out.values():
         assert p.returncode == 0, p.stderr[-2000:]
@@ -52,13 +56,51 @@ def test_same_data_on_both_ranks_is_caught(runs):
 
 def test_only_rank0_logs_and_saves_a_plain_state_dict(runs):
     d, out = runs
-    assert sorted(p.name for p in d.iterdir()) == ["ddp.pt", "same.pt", "single.pt"]  # no temp files left
+    assert sorted(p.name for p in d.iterdir()) == ["ddp.pt", "same.pt", "single.pt", "wrong.pt"]  # no temp files
     log = out["ddp"].stdout
     assert log.count("step   6") == 1 and "rank 1: parameters" in log  # rank 0 prints everyone's share
     ckpt = torch.load(d / "ddp.pt")
     assert not any(k.startswith("module.") for k in ckpt["model"])
     from model import GPT, GPTConfig
     GPT(GPTConfig(**ckpt["config"])).load_state_dict(ckpt["model"])
+
+
+def all_reduces_after_step_1(stdout):
+    """(calls, buckets, micro-batches) per step from steps 2 on (DDP regroups its buckets in step 1)."""
+    m = re.search(r"all-reduce calls per step: (\d+) \(buckets (\d+) × micro-batches (\d+)\), steps 2-6", stdout)
+    assert m, stdout
+    return tuple(int(v) for v in m.groups())
+
+
+def test_no_sync_around_backward_only_all_reduces_every_micro_batch(runs):
+    d, out = runs
+    calls, buckets, synced = all_reduces_after_step_1(out["ddp"].stdout)
+    assert buckets > 1 and synced == 1 and calls == buckets  # one round of buckets per optimizer step
+    assert all_reduces_after_step_1(out["wrong"].stdout) == (2 * buckets, buckets, 2)  # one per micro-batch
+    assert max_diff(d / "ddp.pt", d / "wrong.pt") < 1e-4  # the bug costs communication, not correctness
+
+
+def test_data_order_under_distributed_sampler_and_without_it(tmp_path):
+    p, seconds = run(tmp_path, ["--show-data-order", "--out", "order.pt"], nproc=2)
+    assert p.returncode == 0, p.stderr[-2000:]
+    orders = torch.load(tmp_path / "order.pt")  # {scheme: [[rank 0's indices, rank 1's] per epoch]}
+    for scheme in ("sampler + set_epoch", "sampler, no set_epoch"):
+        for r0, r1 in orders[scheme]:
+            assert not set(r0) & set(r1) and sorted(r0 + r1) == list(range(16))  # disjoint, covering
+    epochs = [r0 + r1 for r0, r1 in orders["sampler + set_epoch"]]
+    assert epochs[0] != epochs[1] != epochs[2]
+    assert all(e == orders["sampler, no set_epoch"][0] for e in orders["sampler, no set_epoch"])
+    assert orders["sampler, no set_epoch"][0] == orders["sampler + set_epoch"][0]
+    assert all(r0 == r1 and sorted(r0) == list(range(16)) for r0, r1 in orders["shuffle=True, no sampler"])
+    assert seconds < 60
+
+
+def test_windows_are_consecutive_and_shifted_by_one():
+    from ddp_train import Windows
+    data = Windows(torch.arange(33), 8)
+    assert len(data) == 4
+    x, y = data[1]
+    assert x.tolist() == list(range(8, 16)) and y.tolist() == list(range(9, 17))
 
 
 def test_a_crashing_rank_ends_the_launch_fast(tmp_path):
