@@ -176,3 +176,45 @@ def fixed_batches(tokens: torch.Tensor, n_batches: int, batch_size: int, seq_len
     """The same n_batches batches every time: for evaluation curves that compare like with like."""
     g = torch.Generator().manual_seed(seed)
     return [get_batch(tokens, batch_size, seq_len, g) for _ in range(n_batches)]
+
+
+# ---- the reader's own corpus (code/prepare_tokens.py); the book's tokenizer above is not touched ----
+
+# A tokenizer trained on the reader's text: every line must decode to itself, ASCII spaces and
+# English included. identity: no NFKC; no dummy prefix and no whitespace clean-up, so leading,
+# trailing and repeated spaces survive; byte_fallback: any character the sample missed still
+# encodes (as its UTF-8 bytes); required_chars "▁": the space marker is a piece even in a corpus
+# sample without spaces, otherwise a space would fall back to the bytes of "▁" and decode as "▁".
+READER_TOKENIZER_SETTINGS = dict(
+    model_type="bpe",
+    character_coverage=0.9995,  # the rarest characters go to byte fallback instead of taking ids
+    byte_fallback=True,
+    normalization_rule_name="identity",
+    add_dummy_prefix=False,
+    remove_extra_whitespaces=False,
+    allow_whitespace_only_pieces=True,  # runs of spaces (indentation) can be one token
+    required_chars="\u2581",
+    split_digits=True,
+    unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+    max_sentence_length=1 << 14,  # longer lines are left out of the tokenizer's training sample only
+    shuffle_input_sentence=True,
+    hard_vocab_limit=False,  # a small corpus gets fewer ids than asked for rather than an error
+)
+
+
+def tokenizer_path_for(token_file) -> Path:
+    """Where prepare_tokens.py puts the tokenizer of a token file: data/big.bin -> data/big.tokenizer.model."""
+    return Path(token_file).with_suffix(".tokenizer.model")
+
+
+def train_reader_tokenizer(lines, vocab_size: int, sample_lines: int = 1_000_000, num_threads: int = 1) -> bytes:
+    """Train a SentencePiece tokenizer on an iterator of text lines; return the model's bytes.
+
+    The trainer reads the iterator once and keeps a uniform random sample of sample_lines lines
+    (input_sentence_size), so a corpus of many GB is streamed, never loaded whole."""
+    import sentencepiece as spm
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, minloglevel=2, vocab_size=vocab_size,
+        input_sentence_size=sample_lines, num_threads=num_threads, **READER_TOKENIZER_SETTINGS)
+    return model.getvalue()

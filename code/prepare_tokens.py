@@ -1,20 +1,32 @@
 """Turn UTF-8 text files into a flat file of uint16 token ids for `train_gpu.py --data`.
 
-    python code/prepare_tokens.py corpus/*.txt --out data/big.bin
+    python code/prepare_tokens.py corpus/*.txt --out data/big.bin              # the book's tokenizer
+    python code/prepare_tokens.py corpus/*.txt --out data/big.bin --train-tokenizer --vocab-size 16384
 
-Each non-empty line is one document: its tokens (the book's tokenizer) followed by the end-of-text id,
-as in the book's own token files. The text is read line by line and encoded in chunks, and the ids are
+Each non-empty line is one document: its tokens followed by the end-of-text id, as in the book's own
+token files. The tokenizer is written beside the ids (data/big.tokenizer.model), where train_gpu.py
+finds it for bits per byte and samples.
+
+--train-tokenizer trains a new SentencePiece tokenizer on the reader's text first (data.py,
+READER_TOKENIZER_SETTINGS): the trainer streams the lines once and keeps a random sample of
+--sample-lines of them, so a corpus of many GB never has to fit in memory. Every line decodes back
+to itself exactly (spaces, English, Chinese, emoji, any UTF-8), with one exception SentencePiece
+cannot avoid: the character U+2581 "▁" is its space marker and decodes as a space; lines holding it
+are counted and reported. Blank lines and line ends are not kept (eos marks the end of a line).
+
+The text is read line by line and encoded in chunks, and the ids are
 appended to a temporary file that is renamed to --out at the end, so a corpus of many GB needs only a
 chunk's worth of memory, and an interrupted run never leaves a half-written --out behind.
 """
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from data import load_tokenizer  # noqa: E402
-from script_support import Parser, atomic_write, fail  # noqa: E402
+from data import CorpusError, load_tokenizer, tokenizer_path_for, train_reader_tokenizer  # noqa: E402
+from script_support import Parser, atomic_write, fail, output_problem, positive_int  # noqa: E402
 
 MAX_LINE_CHARS = 1 << 20  # a longer "line" is cut into pieces of this size rather than read whole
 
@@ -62,30 +74,86 @@ def encode_files(paths, out: Path, chunk_chars: int = 1 << 22, sp=None) -> int:
                     pending, size = [], 0
             if pending:
                 flush(pending)
+        if total == 0:  # raised inside the block: no empty --out is left behind
+            raise ValueError("the input has no text (every line is blank)")
     return total
+
+
+def text_lines(paths):
+    """The non-blank lines of every file, streamed: what the tokenizer trains on."""
+    for path in paths:
+        for line in iter_lines(Path(path)):
+            if line.strip():
+                yield line
+
+
+def train_tokenizer(paths, model_path: Path, vocab_size: int, sample_lines: int):
+    """Train the reader's tokenizer on the inputs and write it (atomically) to model_path."""
+    import sentencepiece as spm
+    threads = min(8, os.cpu_count() or 1)
+    try:
+        model = train_reader_tokenizer(text_lines(paths), vocab_size, sample_lines, threads)
+    except RuntimeError as e:  # the trainer's own complaint, e.g. a vocabulary too small for the characters
+        raise ValueError(f"SentencePiece could not train the tokenizer: {str(e).strip().splitlines()[-1]}") from None
+    with atomic_write(model_path) as f:
+        f.write(model)
+    return spm.SentencePieceProcessor(model_proto=model)
 
 
 def main(argv=None):
     p = Parser(description="Encode UTF-8 text files into uint16 token ids (one document per line).")
     p.add_argument("inputs", nargs="+", help="UTF-8 text files")
-    p.add_argument("--out", required=True, help="output file of uint16 ids, e.g. data/big.bin")
+    p.add_argument("--out", required=True, help="output file of uint16 ids, e.g. data/big.bin; the tokenizer "
+                   "goes beside it (data/big.tokenizer.model)")
     p.add_argument("--chunk-chars", type=int, default=1 << 22, help="characters encoded per chunk")
+    p.add_argument("--train-tokenizer", action="store_true", help="train a new tokenizer on the inputs "
+                   "instead of using the book's")
+    p.add_argument("--vocab-size", type=positive_int, default=16384, help="ids of the new tokenizer (at most "
+                   "65,536 for uint16; at least the 256 byte pieces plus the corpus's characters)")
+    p.add_argument("--sample-lines", type=positive_int, default=1_000_000,
+                   help="lines the tokenizer trainer samples from the corpus (bounds its memory)")
     args = p.parse_args(argv)
     if args.chunk_chars <= 0:
         p.error("--chunk-chars must be positive")
+    if args.vocab_size > 65536:
+        p.error(f"--vocab-size {args.vocab_size:,} does not fit uint16 ids (at most 65,536)")
+    if args.sample_lines <= 100:
+        p.error("--sample-lines must be above 100 (SentencePiece's minimum sample)")
+    if args.vocab_size < 300:
+        p.error(f"--vocab-size {args.vocab_size} is too small: byte fallback alone takes 256 ids")
     paths = [Path(x) for x in args.inputs]
     for path in paths:
         if not path.is_file():
-            fail(f"input file {path} does not exist")
+            fail(f"input file {path} does not exist or is not a file")
     out = Path(args.out)
-    if out.resolve() in {x.resolve() for x in paths}:
-        fail("--out must not be one of the inputs")
+    for target in (out, None):
+        target = target or tokenizer_path_for(out)  # only once --out is known to name a file
+        problem = output_problem(target, "file")
+        if problem:
+            fail(f"--out {problem}")
+        if target.resolve() in {x.resolve() for x in paths}:
+            fail(f"--out would overwrite the input {target}")
+    model_path = tokenizer_path_for(out)
+    if all(path.stat().st_size == 0 for path in paths):
+        fail("the input is empty: there is no text to encode")
     try:
-        n = encode_files(paths, out, args.chunk_chars)
-    except ValueError as e:
+        if args.train_tokenizer:
+            sp = train_tokenizer(paths, model_path, args.vocab_size, args.sample_lines)
+            print(f"trained a tokenizer of {sp.get_piece_size():,} ids on a sample of at most "
+                  f"{args.sample_lines:,} lines: {model_path.name}")
+        else:
+            sp = load_tokenizer()
+        n = encode_files(paths, out, args.chunk_chars, sp=sp)
+        if not args.train_tokenizer:  # the book's tokenizer, beside the ids, so train_gpu.py finds it
+            with atomic_write(model_path) as f:
+                f.write(sp.serialized_model_proto())
+    except (ValueError, CorpusError) as e:
         fail(str(e))
     chars = sum(path.stat().st_size for path in paths)
     print(f"wrote {n:,} tokens ({2 * n / 1e6:,.1f} MB) to {out.name} from {len(paths)} file(s), {chars / 1e6:,.1f} MB of text")
+    marked = sum("\u2581" in line for line in text_lines(paths)) if args.train_tokenizer else 0
+    if marked:
+        print(f"note: {marked:,} line(s) hold the character U+2581 '▁', which SentencePiece decodes as a space")
 
 
 if __name__ == "__main__":

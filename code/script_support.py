@@ -180,3 +180,89 @@ def accumulate_gradients(model, micro_batches, no_sync=None, autocast_dtype=None
             (loss / n).backward()  # summed over micro-batches: the gradient of the mean loss
         total = total + loss.detach() / n
     return total
+
+
+# ---- fp16 loss scaling, output paths, run logs, sampling ----
+
+class ScaledLoss:
+    """model(x, y) with the loss multiplied by a GradScaler's scale, for accumulate_gradients.
+
+    fp16 gradients below ~6e-8 round to zero; scaling the loss (by a power of two) lifts them into
+    range, and scaler.unscale_/step divide it out again (and skip the step if a gradient overflowed).
+    The unscaled losses are kept in .losses, so the log shows the real loss without a device sync."""
+
+    def __init__(self, model, scaler):
+        self.model, self.scaler, self.losses = model, scaler, []
+
+    def __call__(self, x, y):
+        logits, loss = self.model(x, y)
+        self.losses.append(loss.detach())
+        return logits, self.scaler.scale(loss)
+
+    def mean_loss(self) -> torch.Tensor:
+        """The mean unscaled loss of the micro-batches since the last call; forgets them."""
+        mean = torch.stack(self.losses).mean()
+        self.losses = []
+        return mean
+
+
+def output_problem(path, kind: str = "file") -> str | None:
+    """Why `path` cannot be written as an output `kind` ("file" or "dir"), or None if it can.
+
+    Checked before any long work: a path that is a directory (for a file) or a file (for a
+    directory), one under an existing file, or one whose nearest existing folder is not writable."""
+    path = Path(path)
+    if kind == "file" and path.is_dir():
+        return f"{path} is a directory, not a file"
+    if kind == "dir" and path.exists() and not path.is_dir():
+        return f"{path} is a file, not a folder"
+    parent = path if kind == "dir" else path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{path} lies under {parent}, which is a file, not a folder"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{path} cannot be written: {parent} is not writable"
+    if kind == "file" and path.exists() and not os.access(path, os.W_OK):
+        return f"{path} exists and is not writable"
+    return None
+
+
+def append_jsonl(path, record: dict) -> None:
+    """Append one JSON line to `path` and fsync it: a kill loses at most the line being written,
+    and a reader never sees a line that is only partly on disk once this returns."""
+    import json
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_json(path, record: dict) -> None:
+    """Write `record` as JSON through atomic_write: the old file or the new one, never half of one."""
+    import json
+    with atomic_write(path) as f:
+        f.write(json.dumps(record, ensure_ascii=False, indent=1, default=str).encode("utf-8") + b"\n")
+
+
+@torch.no_grad()
+def generate(model, idx: torch.Tensor, n_new: int, temperature: float = 0.8, generator=None,
+             context: int | None = None) -> torch.Tensor:
+    """Extend the token ids idx (batch, t) by n_new sampled tokens; return (batch, t + n_new).
+
+    model(idx) must return (logits, _). temperature 0 is greedy; otherwise sample from
+    softmax(logits / temperature) with `generator` (a CPU torch.Generator, for repeatable samples).
+    context: the longest input the model takes (its seq_len); older tokens are dropped."""
+    was_training = model.training
+    model.eval()
+    for _ in range(n_new):
+        logits, _ = model(idx if context is None else idx[:, -context:])
+        last = logits[:, -1, :].float()
+        if temperature == 0:
+            nxt = last.argmax(-1, keepdim=True)
+        else:
+            probs = torch.softmax(last / temperature, dim=-1).cpu()
+            nxt = torch.multinomial(probs, 1, generator=generator).to(idx.device)
+        idx = torch.cat([idx, nxt], dim=1)
+    model.train(was_training)
+    return idx

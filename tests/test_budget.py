@@ -128,7 +128,7 @@ def test_layouts_and_checkpointing_change_the_answer():
     (["--params", "lots"], "is not a number"),
     (["--params", "1e9", "--mfu", "1.2"], "is over 1"),
     (["--params", "1e9", "--gpus", "2.5"], "whole number"),
-    (["--params", "1e9", "--gpu", "V100"], "unknown GPU 'V100'; known: B200"),
+    (["--params", "1e9", "--gpu", "P100"], "unknown GPU 'P100'; known: B200"),
     (["--gpus", "8"], "give the model size"),
     (["--params", "1e9", "--layout", "fp8"], "invalid choice: 'fp8'"),
     (["--params", "1e9", "--fp32-grads"], "goes with --layout mixed"),

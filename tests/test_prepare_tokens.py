@@ -72,3 +72,64 @@ def test_command_line_converts_the_corpus_sample(tmp_path):
     ids = np.fromfile(out, dtype=np.uint16)
     assert f"wrote {len(ids):,} tokens" in r.stdout
     assert (ids == load_tokenizer().eos_id()).sum() == 200
+
+
+MIXED = ["The quick brown fox jumps over the lazy dog.", "  two leading spaces, two  inner, one trailing ",
+         "东风夜放花千树，更吹落、星如雨。", "emoji 😀🎉 and a flag 🇨🇳 in text", "tabs\tand\tmore\ttabs",
+         "Mixed 中文 and English 123 ok"]
+
+
+def test_trained_tokenizer_round_trips_any_line_exactly(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(MIXED * 40) + "\n", encoding="utf-8")  # a multi-line file
+    out = tmp_path / "mine.bin"
+    main([str(corpus), "--out", str(out), "--train-tokenizer", "--vocab-size", "400", "--sample-lines", "150"])
+    import sentencepiece as spm
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "mine.tokenizer.model"))
+    ids = np.fromfile(out, dtype=np.uint16)
+    docs = np.split(ids, np.flatnonzero(ids == sp.eos_id()) + 1)[:-1]
+    assert [sp.decode(d[:-1].tolist()) for d in docs] == MIXED * 40  # the token file decodes to the text
+    unseen = ["Hello,   world!", " x ", "   ", "新词 🫠 Ünïcödé\u00a0nbsp", "a\u200bb", "Ω≈ç√∫"]
+    for text in unseen:  # text the tokenizer never saw round-trips too (byte fallback)
+        assert sp.decode(sp.encode(text)) == text, text
+    # the space marker merges with words ("▁the"): "▁" is not forced to stand alone
+    assert any(sp.id_to_piece(i).startswith("\u2581") and sp.id_to_piece(i)[1:].isalpha()
+               for i in range(sp.get_piece_size()))
+
+
+def test_train_gpu_finds_the_tokenizer_beside_the_token_file(tmp_path):
+    from train_gpu import TokenSource
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(MIXED * 100) + "\n", encoding="utf-8")
+    main([str(corpus), "--out", str(tmp_path / "t.bin"), "--train-tokenizer", "--vocab-size", "400"])
+    src = TokenSource(tmp_path / "t.bin", 512, 16)
+    assert src.tokenizer_name == "t.tokenizer.model" and src.tokenizer.get_piece_size() <= 400
+    assert len(src.val) == int(0.05 * (len(src.train) + len(src.val)))
+
+
+@pytest.mark.parametrize("arrange, expect", [
+    (lambda t: [str(t.joinpath("e.txt")), "--out", str(t / "o.bin")], "the input is empty"),
+    (lambda t: [t.joinpath("b.txt").write_text("\n  \n\n") and str(t / "b.txt"), "--out", str(t / "o.bin")],
+     "no text (every line is blank)"),
+    (lambda t: [str(t / "x.txt"), "--out", str(t)], "is a directory, not a file"),
+    (lambda t: [str(t / "x.txt"), "--out", "."], "is a directory, not a file"),
+    (lambda t: [str(t / "x.txt"), "--out", str(t / "x.txt" / "o.bin")], "which is a file, not a folder"),
+    (lambda t: [str(t / "x.txt"), "--out", "/proc/self/o.bin"], "not writable"),
+    (lambda t: [str(t / "x.txt"), "--out", str(t / "x.txt")], "overwrite the input"),
+    (lambda t: [str(t / "x.txt"), "--out", str(t / "o.bin"), "--train-tokenizer", "--vocab-size", "100"],
+     "too small"),
+    (lambda t: [str(t / "x.txt"), "--out", str(t / "o.bin"), "--train-tokenizer", "--vocab-size", "70000"],
+     "does not fit uint16"),
+    (lambda t: [t.joinpath("many.txt").write_text("".join(map(chr, range(0x4e00, 0x4e00 + 200))) + "\n")
+                and str(t / "many.txt"), "--out", str(t / "o.bin"), "--train-tokenizer", "--vocab-size", "300"],
+     "SentencePiece could not train the tokenizer"),
+], ids=["empty file", "blank lines only", "out is a directory", "out is .", "out under a file", "out not writable",
+        "out is the input", "vocab too small", "vocab too large", "vocab below the corpus's characters"])
+def test_bad_input_is_one_sentence(tmp_path, capsys, arrange, expect):
+    (tmp_path / "e.txt").write_bytes(b"")
+    (tmp_path / "x.txt").write_text("some text\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as e:
+        main(arrange(tmp_path))
+    message = e.value.code if isinstance(e.value.code, str) else capsys.readouterr().err.strip()
+    assert e.value.code != 0 and "\n" not in message and expect in message, message
+    assert not (tmp_path / "o.bin").exists() and not list(tmp_path.glob("*.tmp"))
