@@ -34,8 +34,9 @@ def front() -> Path:
 
 
 def chapters() -> list[Path]:
-    """The chapters after the front page; each is a jupytext notebook with a paired .ipynb."""
-    return pages()[1:]
+    """The chapters after the front page: the pages named NN_*, each a jupytext notebook with a paired
+    .ipynb. Other pages (the glossary) are plain Markdown."""
+    return [p for p in pages()[1:] if p.name[:2].isdigit() and p.name[2:3] == "_"]
 
 
 def docname(md: Path) -> str:

@@ -3,12 +3,13 @@
 Builds the book (strict) if needed, serves _build/html on 127.0.0.1 and checks each page: no console
 errors, its chapter title, its code outputs, its figures decoded, its math rendered. Search for a Chinese
 word from chapter 5 must find chapter 5. A full-page screenshot of each page is kept in
-_build/screenshots/ to look at.
+_build/screenshots/ to look at. No glued value on a built page reads as a Python repr (True, None, nan).
 
-Needs Debian's chromium (/usr/bin/chromium; `.ci/run` installs it). Without it the tests skip, except in
-CI (CI=true), where a missing browser is a failure.
+Needs Debian's chromium (/usr/bin/chromium; `.ci/run` installs it). Without it the tests that build the
+book skip, except in CI (CI=true), where a missing browser is a failure.
 """
 import functools
+import html
 import http.server
 import os
 import re
@@ -28,11 +29,9 @@ SHOTS = REPO / "_build" / "screenshots"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SEARCH_WORD, SEARCH_PAGE = "递减", "chapters/05_scaling"  # 收益递减: diminishing returns
 
-if not CHROMIUM:
-    if os.environ.get("CI") == "true":
-        raise RuntimeError("CI needs Debian's chromium for the browser tests: apt-get install chromium")
-    pytest.skip("no chromium on this machine (apt-get install chromium)", allow_module_level=True)
-playwright = pytest.importorskip("playwright.sync_api")
+if not CHROMIUM and os.environ.get("CI") == "true":
+    raise RuntimeError("CI needs Debian's chromium for the browser tests: apt-get install chromium")
+NO_CHROMIUM = "no chromium on this machine (apt-get install chromium)"
 
 
 def toc_pages():
@@ -48,6 +47,8 @@ def page_title(docname):
 
 @pytest.fixture(scope="module")
 def site():
+    if not CHROMIUM:  # the book is built only where its pages can be opened
+        pytest.skip(NO_CHROMIUM)
     build = subprocess.run([sys.executable, "-m", "bookbuild.build", "--strict"], cwd=REPO)
     assert build.returncode == 0, "the strict book build failed"
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(HTML))
@@ -60,6 +61,9 @@ def site():
 
 @pytest.fixture(scope="module")
 def browser():
+    if not CHROMIUM:
+        pytest.skip(NO_CHROMIUM)
+    playwright = pytest.importorskip("playwright.sync_api")
     with playwright.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -117,3 +121,33 @@ def test_chinese_search_finds_the_scaling_chapter(site, browser):
         assert not errors, f"console errors: {errors}"
     finally:
         page.close()
+
+
+# ---- glued values read as prose ----
+# myst-nb renders {glue:text}`key` as <span class="pasted-text">value</span>. A value glued as a bool, None
+# or a numpy scalar shows up as its Python repr, which no sentence means.
+
+PASTED = re.compile(r'<span class="(?:[^"]*\s)?pasted-text(?:\s[^"]*)?">(.*?)</span>', re.S)
+REPR = re.compile(r"(True|False|None|nan|NaN|-?inf|(np|numpy|torch)\.\w+\(.*\)|tensor\(.*\))")
+
+
+def repr_glues(page_html):
+    """The glued texts on a built page that are a Python repr rather than prose."""
+    texts = (html.unescape(re.sub(r"<[^>]+>", "", m)).strip() for m in PASTED.findall(page_html))
+    return [t for t in texts if REPR.fullmatch(t)]
+
+
+def test_repr_glues_finds_a_glued_bool():
+    page = ('<p>最快的是 <span class="pasted-text">bf16 compile</span>，断言 <span class="pasted-text">True</span>，'
+            '<span class="pasted-text">np.float64(0.5)</span>，<span class="pasted-text">nan</span>。</p>')
+    assert repr_glues(page) == ["True", "np.float64(0.5)", "nan"]
+    assert repr_glues('<span class="pasted-text">1,803,392</span> <span class="pasted-text">快了 1.50 倍</span>') == []
+
+
+def test_no_glued_value_reads_as_a_repr(site):
+    found = {}
+    for docname in toc_pages():
+        bad = repr_glues((HTML / f"{docname}.html").read_text(encoding="utf-8"))
+        if bad:
+            found[docname] = bad
+    assert not found, f"glued values that read as a Python repr, not prose (glue a string instead): {found}"

@@ -6,6 +6,8 @@ checked here, with a message saying exactly what to add where. Every chapter aft
 - has a row in the front page's table of chapters that links to it;
 - has a paired .ipynb with reference outputs (python -m bookbuild.refresh NN_name.md);
 - has its own section in tests/nbval_sanitize.cfg, even if it is empty.
+A page whose file name does not start with a chapter number (chapters/glossary.md) is a plain page:
+Markdown without code, after the last chapter in _toc.yml, with a row in the front page's table.
 """
 import os
 import re
@@ -15,7 +17,14 @@ import pytest
 
 from bookbuild import book
 
-CHAPTERS = book.chapters()
+
+def is_plain_page(md):
+    """A chapter's file name starts with its number (01_data_model.md); a plain page's does not."""
+    return not md.name[:2].isdigit()
+
+
+CHAPTERS = [md for md in book.pages()[1:] if not is_plain_page(md)]
+PLAIN_PAGES = [md for md in book.pages()[1:] if is_plain_page(md)]
 
 
 def rel(path):
@@ -55,7 +64,7 @@ def front_links():
     return [m.group(1) for row in rows for m in [re.search(r"\]\(([^)\s]+)\)", row)] if m]
 
 
-@pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
+@pytest.mark.parametrize("md", CHAPTERS + PLAIN_PAGES, ids=lambda p: p.name)
 def test_front_page_table_links_to_the_chapter(md):
     link = os.path.relpath(md, book.front().parent).replace(os.sep, "/")
     assert link in front_links(), (
@@ -64,10 +73,20 @@ def test_front_page_table_links_to_the_chapter(md):
 
 
 def test_front_page_table_follows_the_toc():
-    links = [os.path.relpath(md, book.front().parent).replace(os.sep, "/") for md in CHAPTERS]
+    links = [os.path.relpath(md, book.front().parent).replace(os.sep, "/") for md in book.pages()[1:]]
     listed = [link for link in front_links() if link in links]
     assert listed == [link for link in links if link in listed], \
         f"the rows of the table in {rel(book.front())} should follow _toc.yml's order: {links}"
+
+
+@pytest.mark.parametrize("md", PLAIN_PAGES, ids=lambda p: p.name)
+def test_plain_page_is_markdown_after_the_chapters(md):
+    text = md.read_text(encoding="utf-8")
+    assert "```{code-cell}" not in text and "jupytext:" not in text[:400], (
+        f"{rel(md)} has code cells or notebook front matter, but its name has no chapter number: "
+        "a chapter's file is named NN_name.md; a plain page (like the glossary) has no code")
+    assert book.pages()[1:].index(md) > book.pages()[1:].index(CHAPTERS[-1]), (
+        f"list {rel(md)} after the last chapter in _toc.yml: chapter numbers count the pages before them")
 
 
 @pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
