@@ -29,12 +29,19 @@ def lr_at(step: int, max_lr: float, warmup: int, total: int, min_ratio: float = 
 
 
 @torch.no_grad()
-def evaluate(model, batches) -> float:
-    """Mean loss over fixed batches, in eval mode."""
+def batch_losses(model, batches) -> list[float]:
+    """The mean loss of each fixed batch, in eval mode: the spread between them shows how much an
+    evaluation depends on which text it happens to use."""
     was_training = model.training
     model.eval()
     losses = [model(x, y)[1].item() for x, y in batches]
     model.train(was_training)
+    return losses
+
+
+def evaluate(model, batches) -> float:
+    """Mean loss over fixed batches, in eval mode."""
+    losses = batch_losses(model, batches)
     return sum(losses) / len(losses)
 
 
@@ -78,6 +85,7 @@ class History:
     train_loss: list = field(default_factory=list)  # one per step
     val_steps: list = field(default_factory=list)
     val_loss: list = field(default_factory=list)
+    val_batch_losses: list = field(default_factory=list)  # per evaluation: the loss of each val batch
     seconds: float = 0.0
 
 
@@ -102,7 +110,9 @@ def train(model, train_tokens, cfg: TrainConfig, val_batches=None, log=None) -> 
         done = step + 1
         if val_batches is not None and cfg.eval_every and done % cfg.eval_every == 0:
             hist.val_steps.append(done)
-            hist.val_loss.append(evaluate(model, val_batches))
+            losses = batch_losses(model, val_batches)
+            hist.val_batch_losses.append(losses)
+            hist.val_loss.append(sum(losses) / len(losses))
             if log:
                 log(f"step {done:4d}  train loss {hist.train_loss[-1]:.4f}  val loss {hist.val_loss[-1]:.4f}")
     hist.seconds = time.perf_counter() - t0
