@@ -1,5 +1,6 @@
-"""Measuring: the FLOP formula, this machine's matmul peak, the timing loop, where a step's time
-goes (profiler buckets), and a record of what produced a chapter's numbers."""
+"""Measuring: this machine's matmul peak, the timing loop, where a step's time goes (profiler
+buckets), and a record of what produced a chapter's numbers. The FLOP formula lives in shapes.py
+and is importable from here, beside the clock it is divided by."""
 import datetime
 import os
 import platform
@@ -11,12 +12,7 @@ from pathlib import Path
 import torch
 
 from script_support import accumulate_gradients
-
-
-def flops_per_token(cfg, n_params: int) -> int:
-    """Training FLOPs per token: 6N for the weights (forward 2N, backward 4N) plus attention's
-    QKᵀ and PV, 12·L·T·d, which no parameter counts."""
-    return 6 * n_params + 12 * cfg.n_layer * cfg.seq_len * cfg.d_model
+from shapes import flops_per_token  # noqa: F401  (one formula; chapters and scripts import it from here)
 
 
 def time_it(fn, warmup: int = 2, repeats: int = 5) -> dict:

@@ -61,7 +61,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from data import CorpusError, fixed_batches, get_batch, load_tokenizer, load_tokens, token_bytes, tokenizer_path_for  # noqa: E402,E501
 from gpus import describe_peak  # noqa: E402
-from measure import flops_per_token  # noqa: E402
+from shapes import flops_per_token  # noqa: E402
 from memory import Shape, step_bytes  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from script_support import (Parser, ScaledLoss, accumulate_gradients, append_jsonl, fail, generate,  # noqa: E402
