@@ -59,13 +59,25 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def git_commit() -> str:
+def git_state() -> tuple[str | None, bool | None]:
+    """(commit, whether tracked files have uncommitted changes) of the repository the code is in,
+    or (None, None) outside one."""
+    here = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parent, timeout=10)
-        return out.stdout.strip() or "unknown"
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return None, None
+    if head.returncode != 0:
+        return None, None
+    return head.stdout.strip(), bool(dirty.stdout.strip())
+
+
+def git_commit() -> str:
+    """The short commit for a chapter's record, or 'unknown'."""
+    commit = git_state()[0]
+    return commit[:7] if commit else "unknown"
 
 
 def experiment_record() -> dict:

@@ -49,7 +49,6 @@ import datetime
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -61,6 +60,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from data import CorpusError, fixed_batches, get_batch, load_tokenizer, load_tokens, token_bytes, tokenizer_path_for  # noqa: E402,E501
 from gpus import describe_peak  # noqa: E402
+from measure import git_state  # noqa: E402
 from shapes import flops_per_token  # noqa: E402
 from memory import Shape, step_bytes  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -257,24 +257,10 @@ def read_checkpoint(path: Path, model_config: dict) -> dict:
     return ck
 
 
-def git_commit():
-    """(commit, has uncommitted changes) of the repository this script is in, or (None, None)."""
-    here = Path(__file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-    if head.returncode != 0:
-        return None, None
-    return head.stdout.strip(), bool(dirty.stdout.strip())
-
-
 def run_record(args, device, world: int, precision: str) -> dict:
     """What a run needs to be repeated and compared: written to OUT/run.json."""
     cuda = device.type == "cuda"
-    commit, dirty = git_commit()
+    commit, dirty = git_state()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     return {
         "command": shlex.join([sys.executable, *sys.argv]),
