@@ -16,11 +16,18 @@ What it assumes (each one a flag where a reader may differ):
               the logits over --vocab-size and the loss's temporaries; --checkpoint-activations;
   fits        GB = 1e9 bytes; a run fits when the ledger's peak stays under 90 % of the GPU's memory
               (the rest: the CUDA context, the allocator's fragmentation, backward's short-lived buffers).
+  step        one optimizer step = GPUs × micro-batch × seq-len × --grad-accum tokens; its compute time
+              at this MFU, beside the time its communication takes over the GPU's link (code/gpus.py,
+              per direction; across machines the slower of it and --node-link-gbit) with ring
+              collectives and nothing overlapped: DDP and ZeRO-1 reduce once per step, ZeRO-2 and
+              ZeRO-3 after every micro-batch, ZeRO-3 also gathers the weights for forward and backward.
 
 With no arguments it prints the seed's rule of thumb (16 bytes/param, 34·s·b·h·L, 6N, no logits),
 reproduced exactly, and beside it the same scenarios computed by the ledger.
 """
 import argparse
+import contextlib
+import io
 import re
 import sys
 from dataclasses import dataclass
@@ -29,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import memory  # noqa: E402
 from gpus import CATALOG, GPUS  # noqa: E402
-from script_support import Parser, positive, positive_int  # noqa: E402
+from arguments import Parser, positive, positive_int  # noqa: E402
 from shapes import flops_per_token, param_count  # noqa: E402
 
 USABLE_FRACTION = 0.9
@@ -37,6 +44,9 @@ GB = 1e9
 DEFAULT_MFU = 0.40
 DEFAULT_TOKENS_PER_PARAM = 20
 REFERENCE_VOCAB = 50257  # GPT-2's tokenizer, for every reference row of the corrected table
+DEFAULT_GPUS_PER_NODE = 8
+# one 400 Gb/s InfiniBand (NDR) port per GPU, as NVIDIA's DGX H100 has (8 ConnectX-7, DGX H100 datasheet)
+DEFAULT_NODE_LINK_GBIT = 400
 
 
 @dataclass(frozen=True)
@@ -120,6 +130,40 @@ def _activations(parts: dict) -> float:
     return parts["layers"] + parts["recomputed block"] + parts["head"] + parts["weight copies"]
 
 
+def link_bytes_per_s(gpus: int, link_gb_s: float | None, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+                     node_link_gbit: float = DEFAULT_NODE_LINK_GBIT) -> float | None:
+    """Bytes per second one GPU sends in a ring: its link inside a machine; once the ring leaves the
+    machine, the slower of that and the network port (a ring is as fast as its slowest hop)."""
+    if link_gb_s is None:
+        return None
+    if gpus <= gpus_per_node:
+        return link_gb_s * 1e9
+    return min(link_gb_s * 1e9, node_link_gbit * 1e9 / 8)
+
+
+def comm_bytes_per_step(n_params: float, gpus: int, scheme: str, layout: str = "autocast",
+                        fp32_grads: bool = False, grad_accum: int = 1) -> float:
+    """Bytes each GPU sends in one optimizer step, with ring collectives over `gpus` GPUs.
+
+    A ring all-reduce of B bytes sends 2(N-1)/N·B per GPU (a reduce-scatter, then an all-gather, each
+    (N-1)/N·B). Weights and gradients travel in their layout's dtype (memory.bytes_per_param).
+    DDP: one all-reduce of the gradients per step (no_sync skips it on the other micro-batches).
+    ZeRO-1: gradients are whole until the step, then reduce-scattered; the updated weights all-gathered.
+    ZeRO-2: each GPU keeps only its shard of the gradients, so they are reduce-scattered after every
+    micro-batch. ZeRO-3/FSDP: also the weights are shards, all-gathered before each micro-batch's
+    forward and again before its backward."""
+    if gpus == 1:
+        return 0.0
+    per = memory.bytes_per_param(layout, fp32_grads)
+    weights, grads = n_params * per["weights"], n_params * per["grads"]
+    share = (gpus - 1) / gpus
+    sent = {"ddp": 2 * grads,
+            "zero1": grads + weights,
+            "zero2": grad_accum * grads + weights,
+            "zero3": grad_accum * (2 * weights + grads)}
+    return share * sent[scheme]
+
+
 def max_micro_batch(shape: memory.Shape, n_params: float, gpus: int, scheme: str, memory_gb: float,
                     layout: str = "autocast", fp32_grads: bool = False, checkpoint: bool = False) -> int:
     """The largest micro-batch whose ledger peak fits the usable memory (0: not even one sequence)."""
@@ -172,19 +216,31 @@ def corrected_table() -> str:
 
 def estimate(*, n_params: float, gpus: int, peak_flops: float, mfu: float, tokens: float,
              memory_gb: float | None = None, shape: memory.Shape | None = None, layout: str = "autocast",
-             fp32_grads: bool = False, checkpoint: bool = False, price_per_gpu_hour: float | None = None) -> dict:
-    """Everything the command line prints, as numbers (bytes, FLOPs, hours). Without a shape there is
-    no activation memory and FLOPs are 6N per token."""
+             fp32_grads: bool = False, checkpoint: bool = False, price_per_gpu_hour: float | None = None,
+             seq_len: int = 2048, micro_batch: int = 8, grad_accum: int = 1,
+             link_bytes_s: float | None = None) -> dict:
+    """Everything the command line prints, as numbers (bytes, FLOPs, seconds, hours). Without a shape
+    there is no activation memory and FLOPs are 6N per token; with one, its seq_len and micro_batch
+    replace the arguments of those names. link_bytes_s: what one GPU sends per second (None: unknown,
+    no communication time)."""
     per_token = 6 * n_params if shape is None else flops_per_token(shape, n_params)
+    if shape is not None:
+        seq_len, micro_batch = shape.seq_len, shape.micro_batch
     flops = per_token * tokens
     hours = train_hours(flops, gpus, peak_flops, mfu)
+    step_tokens = gpus * micro_batch * seq_len * grad_accum
+    step = dict(tokens=step_tokens, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, steps=tokens / step_tokens, link_bytes_s=link_bytes_s,
+                compute_s=per_token * step_tokens / (gpus * peak_flops * mfu))
     out = dict(n_params=n_params, tokens=tokens, flops=flops, gpus=gpus, hours=hours, gpu_hours=hours * gpus,
                attention_share=None if shape is None else attention_share(shape, n_params),
-               cost=None if price_per_gpu_hour is None else hours * gpus * price_per_gpu_hour, memory={})
+               cost=None if price_per_gpu_hour is None else hours * gpus * price_per_gpu_hour, step=step, memory={})
     for scheme in memory.SCHEMES:
         state = memory.state_bytes(n_params, gpus, scheme, layout, fp32_grads)
+        sent = comm_bytes_per_step(n_params, gpus, scheme, layout, fp32_grads, grad_accum)
+        comm_s = None if link_bytes_s is None else sent / link_bytes_s
         row = dict(state=sum(state.values()), activations=None, logits=None, total=None, fits=None,
-                   max_micro_batch=None)
+                   max_micro_batch=None, comm_bytes=sent, comm_s=comm_s,
+                   comm_dominates=None if comm_s is None else comm_s > step["compute_s"])
         if shape is not None:
             parts = memory.step_bytes(shape, n_params, gpus, scheme, layout, fp32_grads, checkpoint)
             row.update(parts=parts, activations=_activations(parts), logits=_logits(parts), total=parts["total"])
@@ -201,7 +257,7 @@ def _cell(x, width: int) -> str:
 
 
 def report(est: dict, gpu_label: str, peak_flops: float, mfu: float, memory_gb, layout: str = "autocast",
-           checkpoint: bool = False) -> str:
+           checkpoint: bool = False, link_label: str = "") -> str:
     n, d = est["n_params"], est["tokens"]
     if est["attention_share"] is None:
         compute = f"compute     6·N·D = {sci(est['flops'], 2)} FLOPs (give --d-model and --n-layer to count attention)"
@@ -242,7 +298,34 @@ def report(est: dict, gpu_label: str, peak_flops: float, mfu: float, memory_gb, 
         else:
             lines.append("verdict     fits under no scheme: lower --micro-batch, add --checkpoint-activations, "
                          "or shard over more GPUs")
+    lines += _step_lines(est, link_label)
     return "\n".join(lines)
+
+
+def _step_lines(est: dict, link_label: str) -> list:
+    st = est["step"]
+    lines = [f"step        {est['gpus']} GPU{'s' if est['gpus'] > 1 else ''} × {st['grad_accum']} micro-batch"
+             f"{'es' if st['grad_accum'] > 1 else ''} × {st['micro_batch']} sequences × {st['seq_len']} tokens = "
+             f"{st['tokens']:,} tokens; {st['compute_s'] * 1e3:,.1f} ms of compute at this MFU; "
+             f"{st['steps']:,.0f} steps"]
+    if est["gpus"] == 1:
+        lines.append("comm        none: one GPU")
+        return lines
+    if st["link_bytes_s"] is None:
+        lines.append("comm        link unknown: give --link-gb-s (GB/s one GPU sends to the others)")
+        return lines
+    lines.append(f"comm        ring collectives at {st['link_bytes_s'] / 1e9:g} GB/s per GPU ({link_label}), "
+                 f"not overlapped with compute")
+    lines.append(f"  {'scheme':<12} {'sent/GPU GB':>12} {'comm ms':>10} {'comm/compute':>13}")
+    for scheme, m in est["memory"].items():
+        lines.append(f"  {memory.SCHEME_NAMES[scheme]:<12} {m['comm_bytes'] / GB:>12.2f} {m['comm_s'] * 1e3:>10,.1f} "
+                     f"{m['comm_s'] / st['compute_s']:>13.2f}")
+    heavy = [memory.SCHEME_NAMES[s] for s, m in est["memory"].items() if m["comm_dominates"]]
+    lines.append("verdict     communication takes longer than compute under " + ", ".join(heavy)
+                 + ": it cannot hide behind backward; raise --grad-accum or --micro-batch, or use a faster link"
+                 if heavy else "verdict     communication is shorter than compute under every scheme: "
+                 "overlapped with backward it can hide")
+    return lines
 
 
 def _mfu(text: str) -> float:
@@ -253,7 +336,7 @@ def _mfu(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(description="Estimate compute, time, cost and memory of a GPT training run. "
+    p = Parser(prog="budget.py", description="Estimate compute, time, cost and memory of a GPT training run. "
                            "With no arguments: print the rule of thumb's reference table and the corrected one.")
     p.add_argument("--params", type=positive, help="parameters N (e.g. 1.3e9 or 1.3B); default: from the shape")
     p.add_argument("--d-model", type=positive_int, help="hidden size h (with --n-layer: the shape, for FLOPs and memory)")
@@ -279,20 +362,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-activations", action="store_true",
                    help="per-block activation checkpointing (train_gpu.py --checkpoint-activations)")
     p.add_argument("--price-per-gpu-hour", type=positive, help="rental price of one GPU for one hour")
+    p.add_argument("--grad-accum", type=positive_int, default=1,
+                   help="micro-batches per GPU per optimizer step (default 1)")
+    p.add_argument("--link-gb-s", type=positive,
+                   help="GB/s one GPU sends to the others, per direction (default: the GPU's link in code/gpus.py)")
+    p.add_argument("--gpus-per-node", type=positive_int, default=DEFAULT_GPUS_PER_NODE,
+                   help=f"GPUs in one machine (default {DEFAULT_GPUS_PER_NODE}); more GPUs span machines")
+    p.add_argument("--node-link-gbit", type=positive, default=DEFAULT_NODE_LINK_GBIT,
+                   help=f"network port per GPU between machines, Gb/s (default {DEFAULT_NODE_LINK_GBIT}, InfiniBand NDR)")
     return p
 
 
-def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv:
-        print("The rule of thumb: H100 (989 TFLOP/s bf16, 80 GB), MFU 40%, D = 20N, FLOPs = 6ND, "
-              "state 16 B/param, activations 34·s·b·h·L bytes, no logits")
-        print(rule_of_thumb_table())
-        print(f"\nCorrected by the memory ledger (code/memory.py): this model's N at each shape with vocabulary "
-              f"{REFERENCE_VOCAB:,}, D = 20N, FLOPs = (6N + 12·L·s·h)·D, {memory.LAYOUT_NAMES['autocast']}, "
-              f"peak = state + activations + logits")
-        print(corrected_table())
-        return
+def plan(argv: list) -> dict:
+    """Parse a command line (not empty) and estimate it: what main prints, as numbers. A bad argument
+    ends in SystemExit with one line on stderr, as on the command line."""
     parser = build_parser()
     # argparse takes "-1e9" for an option; glue such a value to its flag so the check below can name it
     merged = []
@@ -322,14 +405,74 @@ def main(argv=None) -> None:
     if gpu is None and args.peak_tflops is None:
         parser.error(f"unknown GPU {args.gpu!r}; known: {', '.join(g.name for g in CATALOG)} "
                      "(or give --peak-tflops and --memory-gb)")
-    peak = args.peak_tflops * 1e12 if args.peak_tflops is not None else gpu.peak_flops
+    custom = args.peak_tflops is not None
+    peak = args.peak_tflops * 1e12 if custom else gpu.peak_flops
     memory_gb = args.memory_gb if args.memory_gb is not None else (gpu.memory_gb if gpu else None)
-    label = gpu.name if gpu is not None and args.peak_tflops is None else f"GPU ({peak / 1e12:g} TFLOP/s)"
+    label = f"GPU ({peak / 1e12:g} TFLOP/s)" if custom else gpu.name
+    if args.link_gb_s is not None:
+        link_gb_s, link_label = args.link_gb_s, "--link-gb-s"
+    elif not custom:
+        link_gb_s, link_label = gpu.link_gb_s, gpu.link
+    else:
+        link_gb_s, link_label = None, ""
+    link = link_bytes_per_s(args.gpus, link_gb_s, args.gpus_per_node, args.node_link_gbit)
+    if link is not None and link < (link_gb_s or 0) * 1e9:
+        link_label = f"{args.node_link_gbit:g} Gb/s network port between machines, slower than {link_label}"
     tokens = args.tokens if args.tokens is not None else args.tokens_per_param * n
     est = estimate(n_params=n, gpus=args.gpus, peak_flops=peak, mfu=args.mfu, tokens=tokens, memory_gb=memory_gb,
                    shape=shape, layout=args.layout, fp32_grads=args.fp32_grads,
-                   checkpoint=args.checkpoint_activations, price_per_gpu_hour=args.price_per_gpu_hour)
-    print(report(est, label, peak, args.mfu, memory_gb, args.layout, args.checkpoint_activations))
+                   checkpoint=args.checkpoint_activations, price_per_gpu_hour=args.price_per_gpu_hour,
+                   seq_len=args.seq_len, micro_batch=args.micro_batch, grad_accum=args.grad_accum,
+                   link_bytes_s=link)
+    return dict(args=args, est=est, shape=shape, label=label, peak=peak, memory_gb=memory_gb, link_gb_s=link_gb_s,
+                link_label=link_label, text=report(est, label, peak, args.mfu, memory_gb, args.layout, args.checkpoint_activations,
+                            link_label))
+
+
+def page(argv: list) -> dict:
+    """What chapter 7's calculator shows for a command line: the text main prints, or the one-line
+    error it ends with; and the numbers of its two figures, memory per GPU by part for each scheme
+    and hours and cost against the number of GPUs. JSON-ready (the page runs this under Pyodide)."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            p = plan(argv)
+    except SystemExit:
+        return dict(ok=False, error=err.getvalue().strip(), text="")
+    args, est = p["args"], p["est"]
+    memory_parts = {memory.SCHEME_NAMES[s]: {k: v / GB for k, v in m.get("parts", {}).items() if k != "total"}
+                    for s, m in est["memory"].items()}
+    counts = sorted({2 ** k for k in range(13) if 2 ** k <= max(64, 4 * args.gpus)} | {args.gpus})
+    sweep = dict(gpus=counts, hours=[], cost=[], hours_with_comm={memory.SCHEME_NAMES[s]: [] for s in memory.SCHEMES})
+    for g in counts:
+        e = estimate(n_params=est["n_params"], gpus=g, peak_flops=p["peak"], mfu=args.mfu, tokens=est["tokens"],
+                     shape=p["shape"], layout=args.layout, fp32_grads=args.fp32_grads,
+                     price_per_gpu_hour=args.price_per_gpu_hour, seq_len=args.seq_len, micro_batch=args.micro_batch,
+                     grad_accum=args.grad_accum,
+                     link_bytes_s=link_bytes_per_s(g, p["link_gb_s"], args.gpus_per_node, args.node_link_gbit))
+        sweep["hours"].append(e["hours"])
+        sweep["cost"].append(e["cost"])
+        for s, m in e["memory"].items():
+            comm = m["comm_s"]
+            sweep["hours_with_comm"][memory.SCHEME_NAMES[s]].append(
+                None if comm is None else e["step"]["steps"] * (e["step"]["compute_s"] + comm) / 3600)
+    return dict(ok=True, error="", text=p["text"], memory=memory_parts, memory_gb=p["memory_gb"],
+                usable_gb=None if p["memory_gb"] is None else USABLE_FRACTION * p["memory_gb"],
+                gpus=args.gpus, sweep=sweep)
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        print("The rule of thumb: H100 (989 TFLOP/s bf16, 80 GB), MFU 40%, D = 20N, FLOPs = 6ND, "
+              "state 16 B/param, activations 34·s·b·h·L bytes, no logits")
+        print(rule_of_thumb_table())
+        print(f"\nCorrected by the memory ledger (code/memory.py): this model's N at each shape with vocabulary "
+              f"{REFERENCE_VOCAB:,}, D = 20N, FLOPs = (6N + 12·L·s·h)·D, {memory.LAYOUT_NAMES['autocast']}, "
+              f"peak = state + activations + logits")
+        print(corrected_table())
+        return
+    print(plan(argv)["text"])
 
 
 if __name__ == "__main__":

@@ -21,6 +21,9 @@ class GPU:
     variant: tuple = ()  # words that name this variant; not needed when the SM count identifies it
     exclude: tuple = ()  # words that mean another GPU (3060 Ti is not a 3060)
     precision: str = "bf16"  # what peak_flops counts; "fp16" for GPUs without bf16 tensor cores
+    link_gb_s: float | None = None  # GPU-to-GPU bandwidth inside one machine, GB/s per GPU per direction
+    link: str = ""  # what carries it
+
 
     @property
     def bf16(self) -> bool:
@@ -29,44 +32,75 @@ class GPU:
 
 # Dense figures: NVIDIA datasheets print the 2:4-sparsity figure with an asterisk; these are half of it.
 # Order matters: a more specific entry (NVL, PCIe, 40GB) comes before the plain one.
+#
+# link_gb_s: what one GPU can send to the others in the same machine, per direction: half the
+# "both directions" figure the datasheets print. NVLink figures from the same datasheets (B200 1.8 TB/s;
+# H100/H200 SXM and H20 900 GB/s; H800 400; A100 600; A800 400; V100 SXM2 300). PCIe cards: the PCIe
+# figure of their datasheet (5.0 x16: 128 GB/s; 4.0 x16: 64; 3.0 x16: 32), also for the NVL cards,
+# whose NVLink bridges join only pairs or fours; GeForce cards have no peer-to-peer NVLink at all.
+# These are the links' peaks; NCCL's measured all-reduce bus bandwidth is typically 70-90 % of them
+# (an expectation, not measured here; chapter 4 measures this machine's own).
 CATALOG = (
-    GPU("B200", 2.25e15, 180, ("b200",)),  # HGX B200 spec: bf16 4.5 PFLOPS per GPU with sparsity
+    GPU("B200", 2.25e15, 180, ("b200",),  # HGX B200 spec: bf16 4.5 PFLOPS per GPU with sparsity
+        link_gb_s=900, link="NVLink 5, 1800 GB/s both directions"),
     # H200 datasheet (nvidia.com/en-us/data-center/h200): bf16 1,979 TFLOPS (SXM), 1,671 (NVL), sparse
-    GPU("H200-NVL", 836e12, 141, ("h200", "nvl"), sms=(132,)),
-    GPU("H200", 989e12, 141, ("h200",), sms=(132,)),
+    GPU("H200-NVL", 836e12, 141, ("h200", "nvl"), sms=(132,),
+        link_gb_s=64, link="PCIe 5.0 x16, 128 GB/s both directions"),
+    GPU("H200", 989e12, 141, ("h200",), sms=(132,),
+        link_gb_s=450, link="NVLink 4, 900 GB/s both directions"),
     # H100 datasheet (nvidia.com/en-us/data-center/h100): bf16 1,979 (SXM), 1,513 (PCIe), 1,671 (NVL) sparse
-    GPU("H100-NVL", 835e12, 94, ("h100", "nvl"), sms=(132,)),
-    GPU("H100-PCIe", 756e12, 80, ("h100",), sms=(114,), variant=("pcie",)),
-    GPU("H100", 989e12, 80, ("h100",), sms=(132,)),  # SXM
+    GPU("H100-NVL", 835e12, 94, ("h100", "nvl"), sms=(132,),
+        link_gb_s=64, link="PCIe 5.0 x16, 128 GB/s both directions"),
+    GPU("H100-PCIe", 756e12, 80, ("h100",), sms=(114,), variant=("pcie",),
+        link_gb_s=64, link="PCIe 5.0 x16, 128 GB/s both directions"),
+    GPU("H100", 989e12, 80, ("h100",), sms=(132,),  # SXM
+        link_gb_s=450, link="NVLink 4, 900 GB/s both directions"),
     # H800 datasheet (the H100 chip with reduced NVLink for China): bf16 1,979 (SXM), 1,513 (PCIe) sparse
-    GPU("H800-PCIe", 756e12, 80, ("h800",), sms=(114,), variant=("pcie",)),
-    GPU("H800", 989e12, 80, ("h800",), sms=(132,)),
+    GPU("H800-PCIe", 756e12, 80, ("h800",), sms=(114,), variant=("pcie",),
+        link_gb_s=64, link="PCIe 5.0 x16, 128 GB/s both directions"),
+    GPU("H800", 989e12, 80, ("h800",), sms=(132,),
+        link_gb_s=200, link="NVLink 4, 400 GB/s both directions"),
     # H20 (export variant, no public NVIDIA datasheet): 148 TFLOPS bf16 dense as published by NVIDIA's partners
-    GPU("H20", 148e12, 96, ("h20",)),
+    GPU("H20", 148e12, 96, ("h20",),
+        link_gb_s=450, link="NVLink 4, 900 GB/s both directions"),
     # A100 datasheet: bf16 312 TFLOPS dense (624 sparse) for 40/80 GB, SXM and PCIe alike; 108 SMs
-    GPU("A100-40GB", 312e12, 40, ("a100", "40gb"), sms=(108,)),
-    GPU("A100", 312e12, 80, ("a100",), sms=(108,)),
+    GPU("A100-40GB", 312e12, 40, ("a100", "40gb"), sms=(108,),
+        link_gb_s=300, link="NVLink 3, 600 GB/s both directions"),
+    GPU("A100", 312e12, 80, ("a100",), sms=(108,),
+        link_gb_s=300, link="NVLink 3, 600 GB/s both directions"),
     # A800 datasheet (A100 with reduced NVLink): bf16 312 TFLOPS dense
-    GPU("A800-40GB", 312e12, 40, ("a800", "40gb"), sms=(108,)),
-    GPU("A800", 312e12, 80, ("a800",), sms=(108,)),
-    GPU("L40S", 362e12, 48, ("l40s",), sms=(142,)),  # L40S datasheet: bf16 362.05 dense (733 sparse)
-    GPU("A10", 125e12, 24, ("a10",), sms=(72,)),  # A10 datasheet: bf16 125 dense (250 sparse); not A10G
-    GPU("L4", 121e12, 24, ("l4",), sms=(58,)),  # L4 datasheet: bf16 242 sparse → 121 dense; not L40S
+    GPU("A800-40GB", 312e12, 40, ("a800", "40gb"), sms=(108,),
+        link_gb_s=200, link="NVLink 3, 400 GB/s both directions"),
+    GPU("A800", 312e12, 80, ("a800",), sms=(108,),
+        link_gb_s=200, link="NVLink 3, 400 GB/s both directions"),
+    GPU("L40S", 362e12, 48, ("l40s",), sms=(142,),  # L40S datasheet: bf16 362.05 dense (733 sparse)
+        link_gb_s=32, link="PCIe 4.0 x16, 64 GB/s both directions"),
+    GPU("A10", 125e12, 24, ("a10",), sms=(72,),  # A10 datasheet: bf16 125 dense (250 sparse); not A10G
+        link_gb_s=32, link="PCIe 4.0 x16, 64 GB/s both directions"),
+    GPU("L4", 121e12, 24, ("l4",), sms=(58,),  # L4 datasheet: bf16 242 sparse → 121 dense; not L40S
+        link_gb_s=32, link="PCIe 4.0 x16, 64 GB/s both directions"),
     # T4 datasheet: "mixed precision (FP16/FP32) 65 TFLOPS"; Turing has no bf16 tensor cores
-    GPU("T4", 65e12, 16, ("t4",), sms=(40,), precision="fp16"),
+    GPU("T4", 65e12, 16, ("t4",), sms=(40,), precision="fp16",
+        link_gb_s=16, link="PCIe 3.0 x16, 32 GB/s both directions"),
     # V100 datasheet: "deep learning 125 TFLOPS" (SXM2), 112 (PCIe), fp16 tensor; Volta has no bf16.
     # Both have 80 SMs, so the name tells them apart.
-    GPU("V100-PCIe", 112e12, 16, ("v100", "pcie"), sms=(80,), precision="fp16"),
-    GPU("V100", 125e12, 16, ("v100",), sms=(80,), precision="fp16"),
+    GPU("V100-PCIe", 112e12, 16, ("v100", "pcie"), sms=(80,), precision="fp16",
+        link_gb_s=16, link="PCIe 3.0 x16, 32 GB/s both directions"),
+    GPU("V100", 125e12, 16, ("v100",), sms=(80,), precision="fp16",
+        link_gb_s=150, link="NVLink 2, 300 GB/s both directions"),
     # GeForce: "peak FP16 tensor TFLOPS with FP32 accumulate" (what bf16/fp16 autocast uses):
     # Ada whitepaper (RTX 4090): 165.2 dense = 128 SMs × 2.52 GHz × 512 FLOP/clock/SM
-    GPU("RTX4090", 165.2e12, 24, ("4090",), sms=(128,)),
+    GPU("RTX4090", 165.2e12, 24, ("4090",), sms=(128,),
+        link_gb_s=32, link="PCIe 4.0 x16, 64 GB/s both directions"),
     # RTX 4070: not in the whitepaper; 46 SMs × 2.475 GHz boost (NVIDIA spec page) × 512, the Ada rate above
-    GPU("RTX4070", 58.3e12, 12, ("4070",), sms=(46,), exclude=("ti", "super")),
+    GPU("RTX4070", 58.3e12, 12, ("4070",), sms=(46,), exclude=("ti", "super"),
+        link_gb_s=32, link="PCIe 4.0 x16, 64 GB/s both directions"),
     # Ampere GA102 whitepaper (RTX 3090): 71 dense = 82 SMs × 1.695 GHz × 512
-    GPU("RTX3090", 71e12, 24, ("3090",), sms=(82,), exclude=("ti",)),
+    GPU("RTX3090", 71e12, 24, ("3090",), sms=(82,), exclude=("ti",),
+        link_gb_s=32, link="PCIe 4.0 x16, 64 GB/s both directions"),
     # RTX 3060 12 GB: not in the whitepaper; 28 SMs × 1.777 GHz boost (NVIDIA spec page) × 512, the GA102 rate
-    GPU("RTX3060", 25.5e12, 12, ("3060",), sms=(28,), exclude=("ti",)),
+    GPU("RTX3060", 25.5e12, 12, ("3060",), sms=(28,), exclude=("ti",),
+        link_gb_s=32, link="PCIe 4.0 x16, 64 GB/s both directions"),
 )
 GPUS = {g.name.lower(): g for g in CATALOG}
 

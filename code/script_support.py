@@ -1,8 +1,7 @@
 """What the training scripts share, written once so that every script behaves the same way.
 
-- Parser, number, positive, positive_int, fail: a wrong setting is one line on stderr (exit 2 for a
-  bad argument, 1 for any other refusal), never a usage block or a traceback. Every script takes
-  command-line arguments, and a reader should meet the same kind of message in each.
+- Parser, number, positive, positive_int, fail: re-exported from arguments.py, which holds them
+  without torch (budget.py runs in the browser with them).
 - atomic_write, save_atomic: write to NAME.tmp, fsync, rename over NAME. A run killed at any
   moment leaves the old file or the new one, never half of one; an error while writing removes
   the temporary file and leaves the old file as it was. Checkpoints and token files both need this.
@@ -19,11 +18,8 @@
 Nothing here imports the book's other modules: model, data and training code import this, not
 the other way round.
 """
-import argparse
 import contextlib
-import math
 import os
-import re
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -33,43 +29,9 @@ import torch
 import torch.distributed as dist
 
 
-# ---- command-line arguments ----
+# ---- command-line arguments: arguments.py (torch-free, so budget.py runs in the browser) ----
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one sentence, not the whole usage block
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def fail(message: str):
-    """Stop the script with one line on stderr, `error: message`, and exit status 1."""
-    sys.exit(f"error: {message}")
-
-
-def number(text: str) -> float:
-    """1e9, 1.3B, 124M, 20k -> float; anything else is an argparse error."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBtT]?)\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
-    scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[m.group(2).lower()]
-    return float(m.group(1)) * scale
-
-
-def positive(text: str) -> float:
-    """An argparse type: a finite number above zero, with the suffixes number() accepts."""
-    if text.strip().startswith("-"):
-        raise argparse.ArgumentTypeError(f"{text!r} is negative; it must be positive")
-    value = number(text)
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number above zero (2e3 and 2k are 2000)."""
-    value = positive(text)
-    if value != int(value):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number")
-    return int(value)
+from arguments import Parser, fail, number, positive, positive_int  # noqa: E402,F401  (re-exported)
 
 
 # ---- files that are either old or new, never half-written ----
