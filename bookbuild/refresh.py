@@ -4,6 +4,8 @@
     python -m bookbuild.refresh 02_speed.md       # one chapter (a name in chapters/ or a path)
 
 Run it after editing a chapter's .md (or code/ it imports); nbval then checks the stored outputs.
+Without CUDA the cells tagged `cuda` do not run, and keep the outputs a GPU run stored for them
+(bookbuild/gpu_run.py) as long as their code is unchanged.
 """
 import argparse
 import sys
@@ -11,7 +13,7 @@ import time
 from pathlib import Path
 
 from .book import chapters, warm_font_cache
-from .cuda import nbclient_skip_tag
+from .cuda import has_cuda, keep_stored_gpu_outputs, nbclient_skip_tag
 
 
 def refresh(md: Path) -> None:
@@ -25,6 +27,8 @@ def refresh(md: Path) -> None:
     NotebookClient(nb, timeout=1800, kernel_name="python3", skip_cells_with_tag=nbclient_skip_tag(),
                    record_timing=False, resources={"metadata": {"path": str(md.parent)}}).execute()
     out = md.with_suffix(".ipynb")
+    if not has_cuda() and out.is_file():  # the cuda cells did not run here: keep what a GPU run stored
+        keep_stored_gpu_outputs(nb, nbformat.read(out, as_version=4))
     tmp = out.with_suffix(".ipynb.tmp")
     nbformat.write(nb, tmp)
     tmp.replace(out)

@@ -1,17 +1,19 @@
 """Small additions to what Jupyter Book 1.0 does with the book; _config.yml loads this extension.
 
 - The cuda-cell rule as the build reads a page: without CUDA, cells tagged `cuda` get `skip-execution`,
-  so the build leaves them without output instead of failing (cuda.py; nbval skips the same cells).
+  so the build leaves them without output instead of failing (cuda.py; nbval skips the same cells), and
+  below each such cell the page shows the outputs of the last real GPU run stored in the chapter's
+  .ipynb, labelled with the GPU, date and commit, or says that there is none.
 - A page loads with no console errors: sphinx-thebe adds its inline configuration script once per
   `env-before-read-docs`, which fires more than once in a Jupyter Book build; the second copy
   redeclares a `const` and throws in the browser. Keep the first of any identical scripts.
 """
-from .cuda import skip_cuda_cells
+from .cuda import show_stored_gpu_outputs, skip_cuda_cells
 
 
 def skip_cuda_cells_without_cuda(app, docname, source):
     """source-read: the page's source after the cuda rule."""
-    source[0] = skip_cuda_cells(source[0])
+    source[0] = show_stored_gpu_outputs(skip_cuda_cells(source[0]), app.env.doc2path(docname))
 
 
 def dedupe_scripts(app, pagename, templatename, context, doctree):

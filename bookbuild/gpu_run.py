@@ -1,0 +1,115 @@
+"""Run the chapters' cells tagged `cuda` on a GPU and store their outputs in the chapters' .ipynb.
+
+    python -m bookbuild.gpu_run                     # every chapter that has cells tagged `cuda`
+    python -m bookbuild.gpu_run --copy-to DIR       # also copy the updated .ipynb files into DIR
+
+On a machine with CUDA (one GPU is enough), it executes each such chapter from its .md, the cuda cells
+included, and writes the cuda cells' outputs into the chapter's .ipynb with the notebook metadata
+`gpu_run`: the GPU's name and count, the date, the commit, the versions and how long it took. The other
+cells keep the reference outputs of the CPU run, which nbval checks on every machine. A build without
+CUDA then shows these outputs below their cells, labelled with that GPU, date and commit (cuda.py).
+Commit the changed .ipynb. Chapter 6's cuda cells include a 124M-class run of train_gpu.py that prints
+its MFU and its peak memory against the memory ledger; the whole run is meant to fit in 8 minutes.
+"""
+import argparse
+import shutil
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .book import REPO, chapters, warm_font_cache
+from .cuda import GPU_RUN_KEY, TAG, TAGS_LINE, _tags, is_cuda_cell
+
+TIME_GOAL_S = 8 * 60
+
+
+def cuda_chapters() -> list[Path]:
+    """The chapters with at least one cell tagged `cuda`."""
+    return [md for md in chapters() if any(TAG in _tags(m) for m in TAGS_LINE.finditer(md.read_text(encoding="utf-8")))]
+
+
+def run_label(seconds: float) -> dict:
+    """What the page says of this run: GPU, count, date, commit and versions."""
+    import torch
+    sys.path.insert(0, str(REPO / "code"))
+    from measure import git_state  # the one git lookup, as the chapters' record and train_gpu.py's run.json
+    commit, dirty = git_state()
+    return {"gpu": torch.cuda.get_device_name(0), "gpu_count": torch.cuda.device_count(),
+            "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+            "commit": "unknown" if commit is None else commit[:7] + ("+changes" if dirty else ""),
+            "torch": torch.__version__, "cuda": torch.version.cuda, "seconds": round(seconds)}
+
+
+def store_gpu_outputs(reference, executed, label: dict) -> list[str]:
+    """Put the outputs of `executed`'s cuda cells into the same cells of `reference` (the chapter's
+    .ipynb) and label the notebook with the run. Returns each stored cell's text output. A cuda cell
+    of `executed` that `reference` lacks means the .ipynb is older than the .md: ValueError."""
+    ref_cells = {c.source: c for c in reference.cells if c.cell_type == "code" and is_cuda_cell(c)}
+    texts = []
+    for cell in executed.cells:
+        if cell.cell_type != "code" or not is_cuda_cell(cell):
+            continue
+        if cell.source not in ref_cells:
+            raise ValueError("the .ipynb does not have this cuda cell of the .md; run "
+                             "`python -m bookbuild.refresh` for the chapter first")
+        ref_cells[cell.source].outputs = cell.outputs
+        texts.append("".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream"))
+    reference.metadata[GPU_RUN_KEY] = label
+    return texts
+
+
+def run_chapter(md: Path):
+    import jupytext
+    from nbclient import NotebookClient
+    nb = jupytext.read(md)
+    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    NotebookClient(nb, timeout=TIME_GOAL_S, kernel_name="python3", record_timing=False,
+                   resources={"metadata": {"path": str(md.parent)}}).execute()
+    return nb
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bookbuild.gpu_run", description=__doc__.splitlines()[0])
+    ap.add_argument("--copy-to", type=Path, help="also copy each updated .ipynb into this folder")
+    args = ap.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        ap.exit(1, "error: torch is not installed; install requirements.txt first\n")
+    if not torch.cuda.is_available():
+        ap.exit(1, "error: this machine has no CUDA GPU; the cells tagged `cuda` need one\n")
+    if args.copy_to is not None and args.copy_to.exists() and not args.copy_to.is_dir():
+        ap.exit(2, f"error: --copy-to {args.copy_to} is a file, not a folder\n")
+    import nbformat
+    warm_font_cache()
+    t0 = time.perf_counter()
+    for md in cuda_chapters():
+        ipynb = md.with_suffix(".ipynb")
+        reference = nbformat.read(ipynb, as_version=4)
+        print(f"{md.name}: executing every cell, the cuda cells included ...", flush=True)
+        try:
+            executed = run_chapter(md)
+        except Exception as e:  # a failing cell: say which and store nothing
+            ap.exit(1, f"error: {md.name} failed on this GPU, nothing stored: {str(e).strip()[-2000:]}\n")
+        try:
+            texts = store_gpu_outputs(reference, executed, run_label(time.perf_counter() - t0))
+        except ValueError as e:
+            ap.exit(1, f"error: {ipynb.name}: {e}\n")
+        tmp = ipynb.with_suffix(".ipynb.tmp")
+        nbformat.write(reference, tmp)
+        tmp.replace(ipynb)
+        print(f"{ipynb.name}: stored the outputs of {len(texts)} cuda cells ({reference.metadata[GPU_RUN_KEY]})")
+        for i, text in enumerate(texts, 1):
+            print(f"--- cuda cell {i} ---\n{text.rstrip()}")
+        if args.copy_to is not None:
+            args.copy_to.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ipynb, args.copy_to / ipynb.name)
+    seconds = time.perf_counter() - t0
+    print(f"done in {seconds:.0f} s" + ("" if seconds <= TIME_GOAL_S else f" (over the {TIME_GOAL_S // 60}-minute goal)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
