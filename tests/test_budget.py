@@ -144,3 +144,72 @@ def test_bad_input_is_one_sentence(args, message):
     assert e.value.code == 2
     r = cli(*args)
     assert r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1 and r.stdout == ""
+
+
+# ---- communication per step -------------------------------------------------------------------------
+
+def test_ring_collectives_send_what_the_ring_model_says():
+    n, g = 1e9, 8
+    share = (g - 1) / g
+    assert budget.comm_bytes_per_step(n, 1, "ddp") == 0  # one GPU talks to no one
+    assert budget.comm_bytes_per_step(n, g, "ddp") == pytest.approx(2 * share * 4 * n)  # fp32 gradients
+    assert budget.comm_bytes_per_step(n, g, "ddp", "mixed") == pytest.approx(2 * share * 2 * n)  # bf16 gradients
+    # ZeRO-1/2 with one micro-batch: reduce-scatter + all-gather = one all-reduce's volume
+    for scheme in ("zero1", "zero2"):
+        assert budget.comm_bytes_per_step(n, g, scheme) == pytest.approx(budget.comm_bytes_per_step(n, g, "ddp"))
+    # accumulation: DDP and ZeRO-1 still once per step; ZeRO-2/3 per micro-batch
+    assert budget.comm_bytes_per_step(n, g, "ddp", grad_accum=4) == budget.comm_bytes_per_step(n, g, "ddp")
+    assert budget.comm_bytes_per_step(n, g, "zero2", grad_accum=4) == pytest.approx(share * (4 * 4 * n + 4 * n))
+    assert budget.comm_bytes_per_step(n, g, "zero3", grad_accum=4) == pytest.approx(share * 4 * (2 * 4 * n + 4 * n))
+
+
+def test_a_ring_that_leaves_the_machine_runs_at_the_network_port():
+    assert budget.link_bytes_per_s(8, 450) == 450e9
+    assert budget.link_bytes_per_s(16, 450) == 400e9 / 8  # 400 Gb/s InfiniBand is slower than NVLink
+    assert budget.link_bytes_per_s(16, 450, gpus_per_node=16) == 450e9
+    assert budget.link_bytes_per_s(16, 16, node_link_gbit=400) == 16e9  # PCIe 3 is slower than the port
+    assert budget.link_bytes_per_s(8, None) is None
+
+
+def test_steps_times_compute_per_step_is_the_training_time():
+    shape = memory.Shape(2048, 24, 16, 2048, 8, 50257)
+    n = param_count(2048, 24, 50257)
+    est = budget.estimate(n_params=n, gpus=8, peak_flops=989e12, mfu=0.4, tokens=20 * n, shape=shape,
+                          grad_accum=4, link_bytes_s=450e9)
+    st = est["step"]
+    assert st["tokens"] == 8 * 4 * 8 * 2048
+    assert st["steps"] * st["compute_s"] / 3600 == pytest.approx(est["hours"])
+    ddp = est["memory"]["ddp"]
+    assert ddp["comm_s"] == pytest.approx(ddp["comm_bytes"] / 450e9)
+    assert ddp["comm_dominates"] is False  # 1.3B over NVLink with 4 accumulated micro-batches
+
+
+def test_the_cli_says_when_communication_dominates():
+    slow = cli("--d-model", "768", "--n-layer", "12", "--gpus", "16", "--gpu", "RTX4090", "--seq-len", "256",
+               "--micro-batch", "1", "--node-link-gbit", "25")
+    assert slow.returncode == 0, slow.stderr
+    assert "communication takes longer than compute under DDP, ZeRO-1, ZeRO-2, ZeRO-3/FSDP" in slow.stdout
+    assert "25 Gb/s network port between machines, slower than PCIe 4.0 x16" in slow.stdout
+    fast = cli("--d-model", "2048", "--n-layer", "24", "--gpus", "8", "--gpu", "H100", "--grad-accum", "4")
+    assert "communication is shorter than compute under every scheme" in fast.stdout
+    one = cli("--params", "1e9", "--gpus", "1")
+    assert "comm        none: one GPU" in one.stdout
+    custom = cli("--params", "1e9", "--peak-tflops", "100", "--memory-gb", "40")
+    assert "link unknown: give --link-gb-s" in custom.stdout
+
+
+def test_page_gives_the_cli_text_or_its_error_and_the_figures_numbers():
+    argv = ["--d-model", "768", "--n-layer", "12", "--gpus", "8", "--price-per-gpu-hour", "2"]
+    out = budget.page(argv)
+    assert out["ok"] and out["text"] == cli(*argv).stdout.rstrip("\n")
+    assert set(out["memory"]) == set(memory.SCHEME_NAMES.values())
+    ddp = out["memory"]["DDP"]
+    est = budget.plan(argv)["est"]
+    assert sum(ddp.values()) == pytest.approx(est["memory"]["ddp"]["total"] / 1e9)
+    i = out["sweep"]["gpus"].index(8)
+    assert out["sweep"]["hours"][i] == pytest.approx(est["hours"])
+    assert out["sweep"]["cost"][i] == pytest.approx(est["cost"])
+    assert out["sweep"]["hours_with_comm"]["DDP"][i] > est["hours"]
+    bad = budget.page(["--params", "1e9", "--mfu", "2"])
+    assert not bad["ok"] and bad["text"] == ""
+    assert bad["error"] == cli("--params", "1e9", "--mfu", "2").stderr.strip()
