@@ -104,7 +104,7 @@ def calculator_run(argv_json):
     }
     const manifest = await manifestResponse.json();
     if (!manifest.available) {
-      return unavailable(root, `这次构建没有带上 Pyodide，计算器不可用（${manifest.reason}）。`);
+      return unavailable(root, `这次构建没有带上 Pyodide，计算器不可用：${manifest.reason}。`);
     }
     showMessage(root, `正在加载 Pyodide ${manifest.pyodide}（约 13 MB，浏览器会缓存）和 code/budget.py……`);
     const base = new URL("pyodide/", STATIC);
@@ -340,7 +340,7 @@ def calculator_run(argv_json):
       series.slice(1).map((s) => `，${s.scheme} 加通信 ${fmt(s.values[at])} 小时`).join("") +
       (series.length === 1 ? "（卡间带宽未知，没有通信时间）" : "") +
       (hasCost ? `；下图是费用，${page.gpus} 张卡 ${fmt(sw.cost[at])}` : "；没有给出价格，不画费用") + `；突出显示 ${selected}。`;
-    const W = 640, top = 230, bottom = hasCost ? 150 : 0, H = top + bottom + 40, L = 56, R = 150, T = 16;
+    const W = 640, top = 230, gap = 48, bottom = hasCost ? 150 : 0, H = top + bottom + 40, L = 56, R = 175, T = 16;
     const svg = frame(W, H, label);
     const lx = (g) => L + (W - L - R) * (Math.log2(g) - Math.log2(xs[0])) / (Math.log2(xs[xs.length - 1]) - Math.log2(xs[0]) || 1);
     const panel = (y0, y1, values, ylabel) => {
@@ -369,10 +369,14 @@ def calculator_run(argv_json):
         class: "calc-series " + (s.cls || "") + (selectedSeries ? " calc-selected" : "") }),
         h("svg:text", { x: W - R + 26, y: ly, class: "calc-tick", text: s.name }));
     });
+    const mark = (y, v, text) => [h("svg:circle", { cx: lx(page.gpus), cy: y(v), r: 3.5, class: "calc-dot" }),
+      h("svg:text", { x: lx(page.gpus) + 6, y: y(v) - 7, class: "calc-tick calc-limit-label", text })];
+    svg.append(...mark(yh, sw.hours[at], `${fmt(sw.hours[at])} h`));
     if (hasCost) {
-      const yc = panel(top + 30, top + bottom, [sw.cost], "cost (log)");
+      const yc = panel(top + gap, top + bottom, [sw.cost], "cost (log)");
       svg.append(line(yc, sw.cost, { class: "calc-series calc-cost", "data-series": "cost" }),
-        h("svg:text", { x: W - R + 6, y: top + 44, class: "calc-tick", text: "cost, compute only" }));
+        h("svg:text", { x: W - R + 6, y: top + gap + 14, class: "calc-tick", text: "cost, compute only" }),
+        ...mark(yc, sw.cost[at], fmt(sw.cost[at])));
     }
     svg.append(h("svg:line", { x1: lx(page.gpus), x2: lx(page.gpus), y1: T, y2: H - 40, class: "calc-now" }));
     xs.forEach((g) => svg.append(h("svg:text", { x: lx(g), y: H - 24, "text-anchor": "middle", class: "calc-tick" + (g === page.gpus ? " calc-now-label" : ""), text: String(g) })));

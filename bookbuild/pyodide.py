@@ -10,8 +10,7 @@ WebAssembly), so the page and the command line cannot disagree. Nothing comes fr
   _static/calculator/code/, listed with the Pyodide version in _static/calculator/manifest.json.
 
 Without npm or without network the build logs one warning (a strict build fails) and the manifest
-says why; the page then shows that sentence instead of the calculator. sphinx_ext.py connects
-add_static_files to `builder-inited`.
+says why; the page then shows that sentence instead of the calculator. sphinx_ext.py calls setup().
 """
 import ast
 import base64
@@ -32,6 +31,7 @@ CODE = REPO / "code"
 ENTRY = "budget.py"
 CACHE = REPO / "_build" / "pyodide" / VERSION      # the verified runtime files, reused by later builds
 STAGE = REPO / "_build" / "calculator-static"       # what the build adds to html_static_path
+MARK = 'id="budget-calculator"'                    # the element calculator.js fills, in a page's raw HTML
 
 
 class Unavailable(Exception):
@@ -136,3 +136,31 @@ def add_static_files(app):
         from sphinx.util import logging
         logging.getLogger(__name__).warning(f"chapter 7's calculator is unavailable in this build: {reason}.")
     app.config.html_static_path.append(str(STAGE))
+
+
+def inputs_digest() -> str:
+    """What the calculator's pages serve besides their own source: the script, its style, the modules
+    copied from code/ and the manifest (which names the Pyodide version)."""
+    h = hashlib.sha256()
+    for path in sorted([*(REPO / "_static").glob("calculator.*"), *(STAGE / "calculator").rglob("*")]):
+        if path.is_file():
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def outdated_pages(app, env, added, changed, removed):
+    """env-get-outdated: Sphinx copies static files only when it writes a page, so an edit to
+    calculator.js alone would leave the old copy in _build/html. Mark the pages that hold the
+    calculator outdated whenever what they serve changed."""
+    digest = inputs_digest()
+    if getattr(env, "calculator_digest", None) == digest:
+        return []
+    env.calculator_digest = digest
+    return [doc for doc in env.found_docs
+            if MARK in Path(env.doc2path(doc)).read_text(encoding="utf-8", errors="replace")]
+
+
+def setup(app):
+    """What sphinx_ext.py connects."""
+    app.connect("builder-inited", add_static_files)
+    app.connect("env-get-outdated", outdated_pages)

@@ -8,7 +8,7 @@
 - Chapter 7's calculator: the Pyodide runtime and budget.py's modules join the static files (pyodide.py).
 """
 from .cuda import skip_cuda_cells
-from .pyodide import add_static_files
+from . import pyodide
 
 
 def skip_cuda_cells_without_cuda(app, docname, source):
@@ -30,5 +30,5 @@ def dedupe_scripts(app, pagename, templatename, context, doctree):
 def setup(app):
     app.connect("source-read", skip_cuda_cells_without_cuda)
     app.connect("html-page-context", dedupe_scripts, priority=900)
-    app.connect("builder-inited", add_static_files)
+    pyodide.setup(app)  # chapter 7's calculator: Pyodide and budget.py in _static
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_browser import HTML, browser, site  # noqa: E402,F401  (fixtures: the strict build, served; chromium)
+from test_browser import browser, site  # noqa: E402,F401  (fixtures: the strict build, served; chromium)
 
 import budget  # noqa: E402
 from gpus import CATALOG  # noqa: E402
