@@ -16,8 +16,11 @@ What lives where:
                  and hand each chapter that passed nbval to the execution cache.
 - build.py       the book build (`python -m bookbuild.build`).
 - refresh.py     the reference-output refresh (`python -m bookbuild.refresh`).
+- pyodide.py     chapter 7's calculator: the pinned Pyodide (npm package, version and integrity), fetched
+                 and cached under _build/, and budget.py with the modules it imports, copied from code/
+                 into the HTML's _static/ at every build.
 - sphinx_ext.py  the Sphinx extension that _config.yml loads: the cuda rule as the build reads a
-                 page, and the HTML fix that drops a duplicated script.
+                 page, the HTML fix that drops a duplicated script, and the calculator's static files.
 
 Run the commands from the repository root; pytest finds the package through pytest.ini's pythonpath.
 """

@@ -7,7 +7,9 @@
 - A page loads with no console errors: sphinx-thebe adds its inline configuration script once per
   `env-before-read-docs`, which fires more than once in a Jupyter Book build; the second copy
   redeclares a `const` and throws in the browser. Keep the first of any identical scripts.
+- Chapter 7's calculator: the Pyodide runtime and budget.py's modules join the static files (pyodide.py).
 """
+from . import pyodide
 from .cuda import show_stored_gpu_outputs, skip_cuda_cells
 
 
@@ -30,4 +32,5 @@ def dedupe_scripts(app, pagename, templatename, context, doctree):
 def setup(app):
     app.connect("source-read", skip_cuda_cells_without_cuda)
     app.connect("html-page-context", dedupe_scripts, priority=900)
+    pyodide.setup(app)  # chapter 7's calculator: Pyodide and budget.py in _static
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,410 @@
+/* Chapter 7's budget calculator: code/budget.py itself, run in the browser by Pyodide.
+ *
+ * The form is built from budget.build_parser() (every flag, its choices, default and help), the text is
+ * what budget.main(argv) prints, and the two plots draw budget.page(argv). Nothing here computes a
+ * figure. The runtime and the modules come from this build's _static (bookbuild/pyodide.py), never a CDN.
+ * window.budgetCalculator exposes the state and the last result (tests/test_calculator.py reads it).
+ */
+(function () {
+  "use strict";
+  const STATIC = new URL(".", document.currentScript.src);  // this file lives in _static/
+  // state: idle, loading, ready, unavailable, file, failed; pending: an input awaits its debounced run
+  const api = (window.budgetCalculator = { state: "idle", runs: 0, pending: false, last: null });
+
+  // ---- how the form presents the parser's flags (labels, grouping, sliders); not what they mean ----
+  const LABELS = {
+    "--params": "参数量 N", "--d-model": "隐藏维度 h", "--n-layer": "层数 L", "--n-head": "注意力头数",
+    "--vocab-size": "词表大小 V", "--gpus": "GPU 数量", "--gpu": "GPU 型号", "--peak-tflops": "自定义峰值（TFLOP/s）",
+    "--memory-gb": "自定义显存（GB）", "--mfu": "MFU", "--tokens-per-param": "每个参数的 token 数",
+    "--tokens": "训练 token 数 D", "--seq-len": "序列长度 s", "--micro-batch": "微批次 b", "--layout": "精度布局",
+    "--fp32-grads": "fp32 梯度", "--checkpoint-activations": "激活检查点", "--price-per-gpu-hour": "每 GPU 小时的价格",
+    "--grad-accum": "梯度累积步数", "--link-gb-s": "卡间带宽（GB/s，单向）", "--gpus-per-node": "每台机器的 GPU 数",
+    "--node-link-gbit": "机间网口（Gb/s）",
+  };
+  // Flags in no section go to the "advanced" fold, so a flag added to budget.py shows up there by itself.
+  const SECTIONS = [
+    ["模型", ["--params", "--d-model", "--n-layer", "--vocab-size"]],
+    ["硬件", ["--gpus", "--gpu", "--peak-tflops", "--memory-gb", "--mfu"]],
+    ["数据与批次", ["--tokens-per-param", "--tokens", "--seq-len", "--micro-batch"]],
+    ["显存与价格", ["--layout", "--checkpoint-activations", "--price-per-gpu-hour"]],
+  ];
+  const SLIDERS = {  // log2: the slider moves by powers of two, the box beside it takes any value
+    "--gpus": { min: 0, max: 12, log2: true }, "--micro-batch": { min: 0, max: 7, log2: true },
+    "--seq-len": { min: 7, max: 15, log2: true }, "--mfu": { min: 0.05, max: 0.8, step: 0.01 },
+  };
+  // The chapter's own example (8 × H100, a 1B model): python code/budget.py --d-model 2048 --n-layer 20 ...
+  const INITIAL = { "--d-model": "2048", "--n-layer": "20", "--gpus": "8", "--gpu": "H100", "--mfu": "0.4",
+                    "--seq-len": "2048", "--micro-batch": "8" };
+  const PART_COLORS = ["#3b6fb6", "#6d9fd8", "#a3c4ea", "#3f8f4e", "#7fb86a", "#b5d88e", "#8e6bb8",
+                       "#d9722b", "#f0ae6e", "#b04a5a", "#777777"];
+  const SCHEME_COLORS = ["#3b6fb6", "#d9722b", "#3f8f4e", "#b04a5a", "#8e6bb8"];
+  const DEBOUNCE_MS = 150;
+
+  const GLUE = `
+import contextlib, io, json, sys
+sys.path.insert(0, "/calculator")
+import budget, gpus, memory
+
+def calculator_describe():
+    parser = budget.build_parser()
+    exclusive = {id(a): i for i, g in enumerate(parser._mutually_exclusive_groups) for a in g._group_actions}
+    flags = []
+    for a in parser._actions:
+        if not a.option_strings or a.dest == "help":
+            continue
+        flags.append(dict(flag=max(a.option_strings, key=len), switch=a.nargs == 0,
+                          choices=[str(c) for c in a.choices] if a.choices else None,
+                          default=None if a.default is None or a.nargs == 0 else str(a.default),
+                          help=a.help or "", group=exclusive.get(id(a))))
+    return json.dumps(dict(flags=flags, schemes=list(memory.SCHEME_NAMES.values()),
+                           gpus=[dict(name=g.name, tflops=g.peak_flops / 1e12, memory_gb=g.memory_gb)
+                                 for g in gpus.CATALOG]))
+
+def calculator_run(argv_json):
+    argv = json.loads(argv_json)
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                budget.main(argv)
+            except SystemExit as e:
+                code = e.code
+        if code not in (None, 0):  # what the command line would show on stderr: one line
+            return json.dumps(dict(argv=argv, ok=False, stdout="", error=err.getvalue().strip() or str(code), page=None))
+        return json.dumps(dict(argv=argv, ok=True, stdout=out.getvalue(), error="",
+                               page=budget.page(argv) if argv else None))
+    except Exception as e:  # a bug in budget.py: the command line ends its traceback with this line
+        return json.dumps(dict(argv=argv, ok=False, stdout="", error=f"{type(e).__name__}: {e}", page=None))
+`;
+
+  // ---- small DOM helpers ----
+  const SVG = "http://www.w3.org/2000/svg";
+  function h(tag, attrs, ...children) {
+    const node = tag.startsWith("svg:") ? document.createElementNS(SVG, tag.slice(4)) : document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "text") node.textContent = v;
+      else node.setAttribute(k, v === true ? "" : v);
+    }
+    for (const c of children.flat()) if (c !== null && c !== undefined) node.append(c);
+    return node;
+  }
+  const fmt = (x, digits = 3) => (x === null || x === undefined ? "?"
+    : x.toLocaleString("en-US", { maximumSignificantDigits: digits }));
+
+  function showMessage(root, text, kind) {
+    const status = root.querySelector(".calc-status");
+    status.textContent = text;
+    status.className = "calc-status" + (kind ? " calc-status-" + kind : "");
+  }
+
+  // ---- loading: only over HTTP, only when this build carries the runtime, only when the reader gets near ----
+  async function load(root) {
+    api.state = "loading";
+    const manifestResponse = await fetch(new URL("calculator/manifest.json", STATIC), { cache: "no-cache" }).catch(() => null);
+    if (!manifestResponse || !manifestResponse.ok) {
+      return unavailable(root, "这次构建没有生成计算器的文件，计算器不可用。");
+    }
+    const manifest = await manifestResponse.json();
+    if (!manifest.available) {
+      return unavailable(root, `这次构建没有带上 Pyodide，计算器不可用：${manifest.reason}。`);
+    }
+    showMessage(root, `正在加载 Pyodide ${manifest.pyodide}（约 13 MB，浏览器会缓存）和 code/budget.py……`);
+    const base = new URL("pyodide/", STATIC);
+    const { loadPyodide } = await import(new URL("pyodide.mjs", base).href);
+    const py = await loadPyodide({ indexURL: base.href });
+    py.FS.mkdirTree("/calculator");
+    for (const name of manifest.modules) {
+      const r = await fetch(new URL("calculator/code/" + name, STATIC), { cache: "no-cache" });
+      if (!r.ok) throw new Error(`${name}: HTTP ${r.status}`);
+      py.FS.writeFile("/calculator/" + name, await r.text());
+    }
+    py.runPython(GLUE);
+    const describe = JSON.parse(py.globals.get("calculator_describe")());
+    const run = py.globals.get("calculator_run");
+    build(root, describe, (argv) => JSON.parse(run(JSON.stringify(argv))));
+  }
+
+  function unavailable(root, sentence) {
+    api.state = "unavailable";
+    showMessage(root, sentence, "warning");
+  }
+
+  // ---- the form ----
+  function build(root, describe, run) {
+    const flags = describe.flags;
+    const byFlag = Object.fromEntries(flags.map((f) => [f.flag, f]));
+    const form = h("form", { class: "calc-form", "aria-label": "budget.py 的参数" });
+    form.addEventListener("submit", (e) => e.preventDefault());
+    const placed = new Set();
+    for (const [title, names] of SECTIONS) {
+      const fields = names.filter((n) => byFlag[n]).map((n) => (placed.add(n), field(byFlag[n], describe)));
+      form.append(h("fieldset", { class: "calc-section" }, h("legend", { text: title }), fields));
+    }
+    const rest = flags.filter((f) => !placed.has(f.flag));
+    const advanced = h("details", { class: "calc-advanced" }, h("summary", { text: "高级参数（" + rest.map((f) => f.flag).join("、") + "）" }),
+      h("fieldset", { class: "calc-section" }, rest.map((f) => field(f, describe))));
+    const scheme = h("select", { id: "calc-scheme", "data-role": "scheme" },
+      describe.schemes.map((s) => h("option", { value: s, text: s })));
+    const schemeRow = h("div", { class: "calc-field calc-scheme" },
+      h("label", { for: "calc-scheme" }, "切分方式（只在图和表中突出它；命令行总是打印每一种）"), scheme);
+    form.append(advanced, schemeRow);
+
+    const command = h("pre", { class: "calc-command", "aria-label": "等价的命令行" });
+    const error = h("p", { class: "calc-error", role: "alert", hidden: true });
+    const output = h("pre", { class: "calc-output", "aria-label": "budget.py 的输出" });
+    const plots = h("div", { class: "calc-plots" });
+    const status = root.querySelector(".calc-status");
+    status.replaceChildren();
+    status.className = "calc-status";
+    status.hidden = true;
+    root.append(form, h("div", { class: "calc-results", "aria-live": "polite" }, command, error, output, plots));
+
+    let timer = null;
+    const schedule = () => { clearTimeout(timer); api.pending = true; timer = setTimeout(compute, DEBOUNCE_MS); };
+    form.addEventListener("input", schedule);
+    form.addEventListener("change", schedule);
+
+    function argv() {  // in the parser's order, only the fields the reader filled
+      const args = [];
+      for (const f of flags) {
+        const input = form.querySelector(`[data-flag="${f.flag}"]`);
+        if (f.switch) { if (input.checked) args.push(f.flag); continue; }
+        const value = input.value.trim();
+        if (value !== "") args.push(f.flag, value);
+      }
+      return args;
+    }
+
+    function compute() {
+      const args = argv();
+      const result = run(args);
+      api.runs += 1;
+      api.last = result;
+      api.pending = false;
+      command.textContent = "python code/budget.py " + args.map(shellQuote).join(" ");
+      if (!result.ok) {
+        error.textContent = result.error;
+        error.hidden = false;
+        output.hidden = plots.hidden = true;
+        output.replaceChildren();
+        plots.replaceChildren();
+        return;
+      }
+      error.hidden = true;
+      output.hidden = plots.hidden = false;
+      showText(output, result.stdout, scheme.value);
+      plots.replaceChildren(...(result.page ? [memoryPlot(result.page, scheme.value), timePlot(result.page, scheme.value)] : []));
+    }
+
+    for (const [flag, value] of Object.entries(INITIAL)) {
+      const input = form.querySelector(`[data-flag="${flag}"]`);
+      if (input) { input.value = value; input.dispatchEvent(new Event("input", { bubbles: true })); }
+    }
+    clearTimeout(timer);
+    compute();
+    api.state = "ready";
+  }
+
+  function field(f, describe) {
+    const id = "calc" + f.flag.replace(/-/g, "_");
+    const label = LABELS[f.flag] || f.flag;
+    const help = f.help + (f.group !== null ? "（与同组的另一项二选一）" : "");
+    const caption = h("label", { for: id }, label + " ", h("code", { text: f.flag }));
+    if (f.switch) {
+      return h("div", { class: "calc-field calc-switch", title: f.help },
+        h("input", { type: "checkbox", id, "data-flag": f.flag }), caption, h("small", { text: help }));
+    }
+    let input;
+    if (f.choices) {
+      input = h("select", { id, "data-flag": f.flag },
+        h("option", { value: "", text: `默认（${f.default}）` }), f.choices.map((c) => h("option", { value: c, text: c })));
+    } else {  // text, not type=number: whatever the reader types reaches argparse, which judges it
+      input = h("input", { type: "text", id, "data-flag": f.flag, inputmode: "decimal", autocomplete: "off",
+                           spellcheck: "false", placeholder: f.default === null ? "" : `默认 ${f.default}` });
+    }
+    const parts = [caption];
+    if (f.flag === "--gpu") {
+      input.setAttribute("list", "calc-gpu-list");
+      input.setAttribute("inputmode", "text");
+      parts.push(h("datalist", { id: "calc-gpu-list" }, describe.gpus.map((g) =>
+        h("option", { value: g.name, label: `${g.name}: ${fmt(g.tflops, 4)} TFLOP/s, ${g.memory_gb} GB` }))));
+    }
+    const slider = SLIDERS[f.flag];
+    if (slider) {
+      const range = h("input", { type: "range", min: slider.min, max: slider.max, step: slider.step || 1,
+                                 "aria-label": label + "（滑块）", "data-slider-for": f.flag });
+      range.addEventListener("input", () => {
+        const v = Number(range.value);
+        input.value = slider.log2 ? String(2 ** v) : String(Number(v.toFixed(2)));
+      });
+      input.addEventListener("input", () => {  // the box moves the slider when it holds a number
+        const v = Number(input.value);
+        if (input.value.trim() !== "" && Number.isFinite(v) && v > 0) range.value = slider.log2 ? Math.log2(v) : v;
+      });
+      parts.push(h("div", { class: "calc-slider" }, range, input));
+    } else {
+      parts.push(input);
+    }
+    parts.push(h("small", { text: help }));
+    return h("div", { class: "calc-field", title: f.help }, parts);
+  }
+
+  function shellQuote(a) {
+    return /^[\w@%+=:,.\/-]+$/.test(a) ? a : "'" + a.replace(/'/g, "'\\''") + "'";
+  }
+
+  // The text exactly as main printed it; the chosen scheme's rows are marked, not changed.
+  function showText(pre, text, scheme) {
+    pre.replaceChildren(...text.split(/(?<=\n)/).map((line) =>
+      line.startsWith("  " + scheme + " ") ? h("mark", { class: "calc-hl" }, line) : line));
+  }
+
+  // ---- plots: plain SVG, colours from the theme's variables so that both modes read ----
+  function axisTicks(lo, hi, n = 5) {
+    const step0 = (hi - lo) / n, mag = 10 ** Math.floor(Math.log10(step0)), r = step0 / mag;
+    const step = (r > 5 ? 10 : r > 2 ? 5 : r > 1 ? 2 : 1) * mag;
+    const ticks = [];
+    for (let t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push(Number(t.toPrecision(12)));
+    return ticks;
+  }
+
+  function frame(width, height, label) {
+    return h("svg:svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": label, class: "calc-plot" },
+      h("svg:title", { text: label }));
+  }
+
+  function memoryPlot(page, selected) {
+    const schemes = Object.keys(page.memory);
+    const parts = [];
+    for (const s of schemes) for (const p of Object.keys(page.memory[s])) if (!parts.includes(p)) parts.push(p);
+    const totals = schemes.map((s) => Object.values(page.memory[s]).reduce((a, b) => a + b, 0));
+    if (!parts.length) {
+      const note = "没有形状（--d-model 和 --n-layer）就没有激活，所以这里不画每卡显存的分解；上面的表给出了模型状态。";
+      return h("p", { class: "calc-note", text: note });
+    }
+    const label = "每张 GPU 的显存（GB），按部分堆叠，每种切分方式一根柱：" +
+      schemes.map((s, i) => `${s} 共 ${fmt(totals[i])} GB`).join("，") +
+      (page.memory_gb === null ? "；没有给出显存大小" : `；GPU 显存 ${fmt(page.memory_gb)} GB，可用的 90% 是 ${fmt(page.usable_gb)} GB`) +
+      `；突出显示 ${selected}。`;
+    const W = 640, H = 330, L = 56, R = 150, T = 22, B = 36;
+    const svg = frame(W, H, label);
+    const ymax = Math.max(...totals, page.memory_gb || 0) * 1.08 || 1;
+    const y = (v) => T + (H - T - B) * (1 - v / ymax);
+    const band = (W - L - R) / schemes.length, bw = band * 0.56;
+    for (const t of axisTicks(0, ymax)) {
+      svg.append(h("svg:line", { x1: L, x2: W - R, y1: y(t), y2: y(t), class: "calc-grid" }),
+        h("svg:text", { x: L - 6, y: y(t) + 4, "text-anchor": "end", class: "calc-tick", text: fmt(t) }));
+    }
+    svg.append(h("svg:text", { x: 14, y: (T + H - B) / 2, transform: `rotate(-90 14 ${(T + H - B) / 2})`,
+      "text-anchor": "middle", class: "calc-axis-label", text: "GB per GPU at the step's peak" }));
+    schemes.forEach((s, i) => {
+      const x0 = L + band * i + (band - bw) / 2;
+      const g = h("svg:g", { class: "calc-bar" + (s === selected ? " calc-selected" : ""), "data-scheme": s });
+      let acc = 0;
+      parts.forEach((p, k) => {
+        const v = page.memory[s][p] || 0;
+        if (v > 0) g.append(h("svg:rect", { x: x0, width: bw, y: y(acc + v), height: y(acc) - y(acc + v),
+          fill: PART_COLORS[k % PART_COLORS.length], class: "calc-seg", "data-part": p, "data-gb": v },
+          h("svg:title", { text: `${s}: ${p} ${fmt(v)} GB` })));
+        acc += v;
+      });
+      g.append(h("svg:text", { x: x0 + bw / 2, y: y(totals[i]) - 5, "text-anchor": "middle", class: "calc-value", text: fmt(totals[i]) }),
+        h("svg:text", { x: x0 + bw / 2, y: H - B + 16, "text-anchor": "middle", class: "calc-tick", text: s }));
+      svg.append(g);
+    });
+    if (page.memory_gb !== null) {
+      for (const [v, cls, text] of [[page.memory_gb, "calc-limit", `GPU memory ${fmt(page.memory_gb)} GB`],
+                                    [page.usable_gb, "calc-limit calc-dashed", `usable 90%: ${fmt(page.usable_gb)} GB`]]) {
+        svg.append(h("svg:line", { x1: L, x2: W - R, y1: y(v), y2: y(v), class: cls }),
+          h("svg:text", { x: W - R - 4, y: y(v) - 4, "text-anchor": "end", class: "calc-tick calc-limit-label", text }));
+      }
+    }
+    const legend = h("svg:g", { class: "calc-legend" });
+    [...parts].reverse().forEach((p, j) => {
+      const k = parts.indexOf(p), ly = T + 8 + j * 16;
+      legend.append(h("svg:rect", { x: W - R + 6, y: ly - 9, width: 10, height: 10, fill: PART_COLORS[k % PART_COLORS.length] }),
+        h("svg:text", { x: W - R + 20, y: ly, class: "calc-tick", text: p }));
+    });
+    svg.append(legend);
+    return svg;
+  }
+
+  function timePlot(page, selected) {
+    const sw = page.sweep, xs = sw.gpus;
+    const series = [{ name: "compute only", values: sw.hours, cls: "calc-compute" }];
+    Object.entries(sw.hours_with_comm).forEach(([s, v], i) => {
+      if (v.every((x) => x !== null)) series.push({ name: `${s} + comm`, scheme: s, values: v, color: SCHEME_COLORS[i % SCHEME_COLORS.length] });
+    });
+    const hasCost = sw.cost.every((c) => c !== null);
+    const at = xs.indexOf(page.gpus);
+    const label = `训练时间（小时，对数坐标）随 GPU 数量（${xs[0]}–${xs[xs.length - 1]}）变化：` +
+      `${page.gpus} 张卡只算计算 ${fmt(sw.hours[at])} 小时` +
+      series.slice(1).map((s) => `，${s.scheme} 加通信 ${fmt(s.values[at])} 小时`).join("") +
+      (series.length === 1 ? "（卡间带宽未知，没有通信时间）" : "") +
+      (hasCost ? `；下图是费用，${page.gpus} 张卡 ${fmt(sw.cost[at])}` : "；没有给出价格，不画费用") + `；突出显示 ${selected}。`;
+    const W = 640, top = 230, gap = 48, bottom = hasCost ? 150 : 0, H = top + bottom + 40, L = 56, R = 175, T = 16;
+    const svg = frame(W, H, label);
+    const lx = (g) => L + (W - L - R) * (Math.log2(g) - Math.log2(xs[0])) / (Math.log2(xs[xs.length - 1]) - Math.log2(xs[0]) || 1);
+    const panel = (y0, y1, values, ylabel) => {
+      const finite = values.flat().filter((v) => v > 0 && Number.isFinite(v));
+      let lo = Math.floor(Math.log10(Math.min(...finite))), hi = Math.ceil(Math.log10(Math.max(...finite)));
+      if (hi === lo) { lo -= 1; hi += 1; }
+      const y = (v) => y0 + (y1 - y0) * (1 - (Math.log10(v) - lo) / (hi - lo));
+      const every = Math.ceil((hi - lo) / 6);
+      for (let e = lo; e <= hi; e += every) {
+        svg.append(h("svg:line", { x1: L, x2: W - R, y1: y(10 ** e), y2: y(10 ** e), class: "calc-grid" }),
+          h("svg:text", { x: L - 6, y: y(10 ** e) + 4, "text-anchor": "end", class: "calc-tick", text: fmt(10 ** e, 1) }));
+      }
+      svg.append(h("svg:text", { x: 14, y: (y0 + y1) / 2, transform: `rotate(-90 14 ${(y0 + y1) / 2})`,
+        "text-anchor": "middle", class: "calc-axis-label", text: ylabel }));
+      return y;
+    };
+    const line = (y, values, attrs) => h("svg:polyline", { ...attrs,
+      points: xs.map((g, i) => `${lx(g).toFixed(1)},${y(values[i]).toFixed(1)}`).join(" ") });
+    const yh = panel(T, top, series.map((s) => s.values), "hours (log)");
+    series.forEach((s, j) => {
+      const selectedSeries = s.scheme === selected;
+      svg.append(line(yh, s.values, { class: "calc-series " + (s.cls || "") + (selectedSeries ? " calc-selected" : ""),
+        stroke: s.color || null, "data-series": s.name }));
+      const ly = T + 10 + j * 16;
+      svg.append(h("svg:line", { x1: W - R + 6, x2: W - R + 22, y1: ly - 4, y2: ly - 4, stroke: s.color || null,
+        class: "calc-series " + (s.cls || "") + (selectedSeries ? " calc-selected" : "") }),
+        h("svg:text", { x: W - R + 26, y: ly, class: "calc-tick", text: s.name }));
+    });
+    const mark = (y, v, text) => [h("svg:circle", { cx: lx(page.gpus), cy: y(v), r: 3.5, class: "calc-dot" }),
+      h("svg:text", { x: lx(page.gpus) + 6, y: y(v) - 7, class: "calc-tick calc-limit-label", text })];
+    svg.append(...mark(yh, sw.hours[at], `${fmt(sw.hours[at])} h`));
+    if (hasCost) {
+      const yc = panel(top + gap, top + bottom, [sw.cost], "cost (log)");
+      svg.append(line(yc, sw.cost, { class: "calc-series calc-cost", "data-series": "cost" }),
+        h("svg:text", { x: W - R + 6, y: top + gap + 14, class: "calc-tick", text: "cost, compute only" }),
+        ...mark(yc, sw.cost[at], fmt(sw.cost[at])));
+    }
+    svg.append(h("svg:line", { x1: lx(page.gpus), x2: lx(page.gpus), y1: T, y2: H - 40, class: "calc-now" }));
+    xs.forEach((g) => svg.append(h("svg:text", { x: lx(g), y: H - 24, "text-anchor": "middle", class: "calc-tick" + (g === page.gpus ? " calc-now-label" : ""), text: String(g) })));
+    svg.append(h("svg:text", { x: (L + W - R) / 2, y: H - 6, "text-anchor": "middle", class: "calc-axis-label", text: "GPUs (log)" }));
+    return svg;
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    const root = document.getElementById("budget-calculator");
+    if (!root) return;
+    if (location.protocol === "file:") {  // browsers refuse to fetch WebAssembly and modules from file://
+      api.state = "file";
+      showMessage(root, "这个计算器要通过 HTTP 打开：在仓库根目录运行 python -m http.server -d _build/html，" +
+        "再打开 http://localhost:8000/chapters/07_budget.html。", "warning");
+      return;
+    }
+    const start = () => load(root).catch((e) => {
+      api.state = "failed";
+      showMessage(root, "计算器加载失败：" + e.message, "warning");
+      console.error(e);
+    });
+    if (!("IntersectionObserver" in window)) return void start();
+    const seen = new IntersectionObserver((entries) => {
+      if (entries.some((e) => e.isIntersecting)) { seen.disconnect(); start(); }
+    }, { rootMargin: "400px" });
+    seen.observe(root);
+  });
+})();

@@ -1,0 +1,300 @@
+"""Chapter 7's calculator gives exactly what `python code/budget.py` gives.
+
+The built book is served on 127.0.0.1 and opened in headless Chromium with every other request aborted
+(the calculator must work offline, from the book's own _static). For N_CONFIGS seeded random
+configurations (shapes and --params alone, catalog and custom GPUs, both layouts, checkpointing, tokens
+or tokens per parameter, prices, the advanced flags, and about one in ten invalid) the test fills the
+form, builds the command line itself from the configuration, runs budget.main on it here in CPython,
+and asserts that the page shows exactly that text (or exactly that one-line error and no figures), and
+that the numbers it drew are budget.page's.
+
+Needs Debian's chromium, like tests/test_browser.py (whose build-and-serve fixture it uses).
+"""
+import contextlib
+import io
+import json
+import random
+import shlex
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_browser import browser, site  # noqa: E402,F401  (fixtures: the strict build, served; chromium)
+
+import budget  # noqa: E402
+from gpus import CATALOG  # noqa: E402
+import memory  # noqa: E402
+
+N_CONFIGS = 220
+SEED = 7
+PAGE = "chapters/07_budget.html"
+FLAGS = [a for a in budget.build_parser()._actions if a.option_strings and a.dest != "help"]
+SWITCHES = {max(a.option_strings, key=len) for a in FLAGS if a.nargs == 0}
+ORDER = [max(a.option_strings, key=len) for a in FLAGS]
+SCHEMES = list(memory.SCHEME_NAMES.values())
+
+
+def argv_of(config: dict) -> list:
+    """The command line of a configuration, flags in the order budget.py declares them."""
+    argv = []
+    for flag in ORDER:
+        if flag in config:
+            argv += [flag] if flag in SWITCHES else [flag, config[flag]]
+    return argv
+
+
+def cli(argv: list) -> tuple:
+    """(exit status, stdout, stderr) of budget.main(argv), as the command line would show them."""
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            budget.main(argv)
+        except SystemExit as e:
+            code = e.code
+    return code or 0, out.getvalue(), err.getvalue()
+
+
+def shape_config(rng: random.Random) -> dict:
+    head = rng.choice([32, 64, 64, 128])
+    d_model = head * rng.choice([2, 4, 6, 8, 12, 16, 24, 32, 40, 64])
+    c = {"--d-model": str(d_model), "--n-layer": str(rng.choice([2, 4, 12, 24, 32, 48, 80]))}
+    if rng.random() < 0.35:
+        c["--n-head"] = str(d_model // head)
+    if rng.random() < 0.15:
+        c["--params"] = rng.choice(["1.3B", "7e9", "350M"])  # the nominal size overrides the shape's count
+    if rng.random() < 0.3:
+        c["--checkpoint-activations"] = True
+    return c
+
+
+def random_config(rng: random.Random) -> dict:
+    """One form filling: flag -> text typed into its box (True for a ticked switch)."""
+    c = shape_config(rng) if rng.random() < 0.8 else {
+        "--params": rng.choice(["124M", "1.3B", "7e9", "350000000", "13B", f"{rng.uniform(0.1, 70):.2f}B"])}
+    if rng.random() < 0.35:
+        c["--vocab-size"] = str(rng.choice([8192, 32000, 50257, 128256]))
+    c["--gpus"] = str(rng.choice([1, 2, 4, 8, 8, 16, 64, 256, 1024, rng.randint(1, 300)]))
+    r = rng.random()
+    if r < 0.7:
+        c["--gpu"] = rng.choice(CATALOG).name
+    elif r < 0.78:
+        c["--gpu"] = rng.choice(CATALOG).name.lower()  # the catalog ignores case
+    else:
+        c["--peak-tflops"] = rng.choice(["312", "989", "1979", "165.2", "2.5k"])
+        if rng.random() < 0.6:
+            c["--memory-gb"] = rng.choice(["24", "40", "80", "141"])
+        if rng.random() < 0.5:
+            c["--gpu"] = "MyGPU"  # a name outside the catalog is fine when the peak is given
+    if "--memory-gb" not in c and rng.random() < 0.1:
+        c["--memory-gb"] = "48"
+    if rng.random() < 0.85:
+        c["--mfu"] = rng.choice(["0.4", "0.35", "0.5", "45%", "0.2", "0.6"])
+    r = rng.random()
+    if r < 0.3:
+        c["--tokens"] = rng.choice(["300B", "2e10", "1T", "5e9"])
+    elif r < 0.6:
+        c["--tokens-per-param"] = rng.choice(["20", "100", "200", "1.5"])
+    if rng.random() < 0.9:
+        c["--seq-len"] = str(rng.choice([128, 512, 1024, 2048, 4096, 8192]))
+    if rng.random() < 0.9:
+        c["--micro-batch"] = str(rng.choice([1, 2, 4, 8, 16, 32, 3]))
+    layout = rng.choice(["", "autocast", "mixed"])
+    if layout:
+        c["--layout"] = layout
+    if layout == "mixed" and rng.random() < 0.4:
+        c["--fp32-grads"] = True
+    if rng.random() < 0.4:
+        c["--price-per-gpu-hour"] = rng.choice(["2.5", "0.6", "1.99", "4"])
+    for flag, values in (("--grad-accum", ["2", "8", "32"]), ("--link-gb-s", ["25", "64", "450"]),
+                         ("--gpus-per-node", ["4", "8", "16"]), ("--node-link-gbit", ["100", "200", "400"])):
+        if rng.random() < 0.2:
+            c[flag] = rng.choice(values)
+    return c
+
+
+def invalid_config(rng: random.Random) -> dict:
+    """A configuration the command line refuses, each with its own one-line message."""
+    c = random_config(rng)
+    kind = rng.randrange(10)
+    if kind == 0:
+        c["--mfu"] = rng.choice(["-0.3", "1.5", "150%", "abc"])
+    elif kind == 1:  # a head count that does not divide d-model (or leaves odd heads)
+        c.update({"--d-model": "768", "--n-layer": "12", "--n-head": rng.choice(["5", "7", "256"])})
+    elif kind == 2:
+        c.pop("--n-layer", None)
+        c["--d-model"] = "1024"
+    elif kind == 3:
+        c["--fp32-grads"] = True
+        c["--layout"] = "autocast"
+    elif kind == 4:
+        c.update({"--tokens": "1e9", "--tokens-per-param": "20"})
+    elif kind == 5:
+        c["--gpus"] = rng.choice(["0", "2.5", "-8"])
+    elif kind == 6:
+        c.pop("--peak-tflops", None)
+        c["--gpu"] = "H300"
+    elif kind == 7:
+        for flag in ("--d-model", "--n-layer", "--n-head"):
+            c.pop(flag, None)
+        c.update({"--params": "1B", "--checkpoint-activations": True})
+    elif kind == 8:
+        c["--micro-batch"] = rng.choice(["-4", "0", "x"])
+    else:
+        c["--params"] = "1.3X"
+    return c
+
+
+def configurations(n: int = N_CONFIGS, seed: int = SEED) -> list:
+    rng = random.Random(seed)
+    return [(invalid_config(rng) if rng.random() < 0.1 else random_config(rng), rng.choice(SCHEMES))
+            for _ in range(n)]
+
+
+def test_the_configurations_cover_what_the_brief_asks():
+    configs = [c for c, _ in configurations()]
+    codes = [cli(argv_of(c))[0] for c in configs]
+    assert len(configs) >= 200
+    assert 0.06 < codes.count(2) / len(configs) < 0.2, "about one in ten should be refused"
+    ok = [c for c, code in zip(configs, codes) if code == 0]
+    for wanted in ("--d-model", "--n-head", "--peak-tflops", "--memory-gb", "--tokens", "--tokens-per-param",
+                   "--price-per-gpu-hour", "--checkpoint-activations", "--fp32-grads", "--grad-accum",
+                   "--link-gb-s", "--gpus-per-node", "--node-link-gbit", "--vocab-size"):
+        assert sum(wanted in c for c in ok) >= 5, wanted
+    assert sum("--d-model" not in c for c in ok) >= 10, "--params alone"
+    assert {c.get("--layout", "") for c in ok} == {"", "autocast", "mixed"}
+
+
+# ---- the page ----
+
+FILL = """([config, scheme]) => {
+  const form = document.querySelector('#budget-calculator form');
+  for (const input of form.querySelectorAll('[data-flag]')) {
+    const flag = input.dataset.flag;
+    if (input.type === 'checkbox') input.checked = config[flag] === true;
+    else input.value = flag in config ? config[flag] : '';
+    input.dispatchEvent(new Event(input.tagName === 'SELECT' || input.type === 'checkbox' ? 'change' : 'input', {bubbles: true}));
+  }
+  const select = form.querySelector('[data-role=scheme]');
+  select.value = scheme;
+  select.dispatchEvent(new Event('change', {bubbles: true}));
+}"""
+
+SHOWN = """() => {
+  const root = document.getElementById('budget-calculator');
+  const out = root.querySelector('pre.calc-output'), err = root.querySelector('.calc-error');
+  const svgs = [...root.querySelectorAll('.calc-plots svg')];
+  return {
+    last: window.budgetCalculator.last,
+    command: root.querySelector('pre.calc-command').textContent,
+    output: out.hidden ? null : out.textContent,
+    error: err.hidden ? null : err.textContent,
+    svgs: svgs.length,
+    labelled: svgs.every(s => s.getAttribute('role') === 'img' && s.getAttribute('aria-label').length > 20),
+    segments: [...root.querySelectorAll('.calc-plots rect[data-part]')].map(r =>
+      [r.closest('[data-scheme]').dataset.scheme, r.dataset.part, Number(r.dataset.gb)]),
+    series: [...root.querySelectorAll('.calc-plots polyline[data-series]')].map(p => p.dataset.series),
+    selectedBar: [...root.querySelectorAll('.calc-bar.calc-selected')].map(g => g.dataset.scheme),
+    marked: [...root.querySelectorAll('mark.calc-hl')].map(m => m.textContent),
+  };
+}"""
+
+
+@pytest.fixture(scope="module")
+def calculator(site, browser):
+    """The chapter's page with the calculator loaded; every request that is not to the local server fails."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    blocked, errors = [], []
+    local = urlparse(site).netloc
+
+    def route(r):
+        if urlparse(r.request.url).netloc == local:
+            r.continue_()
+        else:
+            blocked.append(r.request.url)
+            r.abort()
+
+    context.route("**/*", route)
+    page = context.new_page()
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{site}/{PAGE}")
+    page.locator("#budget-calculator").scroll_into_view_if_needed()  # it loads as the reader gets near
+    page.wait_for_function("['ready', 'unavailable', 'failed'].includes(window.budgetCalculator.state)",
+                           timeout=120_000)
+    state = page.evaluate("window.budgetCalculator.state")
+    assert state == "ready", page.locator("#budget-calculator .calc-status").inner_text()
+    yield page
+    context.close()
+    assert not errors, f"console errors: {errors}"
+    assert not blocked, f"the page asked for something outside the book: {blocked}"
+
+
+def shows(page, config, scheme, by_hand=False):
+    """Fill the form with a configuration, wait for its result, return what the page shows."""
+    argv = argv_of(config)
+    if by_hand:  # as a reader does it, field by field (slower: one round trip per field)
+        if not page.evaluate("document.querySelector('#budget-calculator details').open"):
+            page.locator("#budget-calculator details summary").click()  # the advanced fold
+        for flag in ORDER:
+            box = page.locator(f'#budget-calculator [data-flag="{flag}"]')
+            if flag in SWITCHES:
+                box.set_checked(config.get(flag) is True)
+            elif box.evaluate("e => e.tagName") == "SELECT":
+                box.select_option(config.get(flag, ""))
+            else:
+                box.fill(config.get(flag, ""))
+        page.locator("#budget-calculator [data-role=scheme]").select_option(scheme)
+    else:
+        page.evaluate(FILL, [config, scheme])
+    page.wait_for_function("argv => { const c = window.budgetCalculator; return !c.pending && c.last"
+                           " && JSON.stringify(c.last.argv) === argv; }", arg=json.dumps(argv, separators=(",", ":")), timeout=30_000)
+    return page.evaluate(SHOWN)
+
+
+def check(shown, config, scheme):
+    argv = argv_of(config)
+    code, stdout, stderr = cli(argv)
+    assert shown["last"]["argv"] == argv
+    assert shown["command"] == "python code/budget.py " + shlex.join(argv)  # a reader can paste it
+    if code:
+        assert shown["error"] == stderr.strip() and "\n" not in stderr.strip()
+        assert shown["output"] is None and shown["svgs"] == 0 and not shown["segments"], "figures beside an error"
+        return "error"
+    assert shown["error"] is None
+    assert shown["output"] == stdout
+    expected = json.loads(json.dumps(budget.page(argv)))
+    assert shown["last"]["page"] == expected
+    drawn = [[s, part, gb] for s, parts in expected["memory"].items() for part, gb in parts.items() if gb > 0]
+    assert sorted(shown["segments"]) == sorted(drawn)
+    comm = [f"{s} + comm" for s, v in expected["sweep"]["hours_with_comm"].items() if None not in v]
+    assert shown["series"] == ["compute only", *comm] + (["cost"] if None not in expected["sweep"]["cost"] else [])
+    assert shown["labelled"] and shown["svgs"] == 2 - (not drawn)  # without a shape: no memory plot
+    if drawn:
+        assert shown["selectedBar"] == [scheme]
+    assert shown["marked"] == [line + "\n" for line in stdout.splitlines() if line.startswith(f"  {scheme} ")]
+    return "text"
+
+
+def test_the_page_equals_the_command_line(calculator):
+    kinds = []
+    for i, (config, scheme) in enumerate(configurations()):
+        shown = shows(calculator, config, scheme, by_hand=i % 20 == 0)
+        try:
+            kinds.append(check(shown, config, scheme))
+        except AssertionError as e:
+            raise AssertionError(f"configuration {i}: python code/budget.py {' '.join(argv_of(config))}") from e
+    assert len(kinds) >= 200 and kinds.count("error") >= 10 and kinds.count("text") >= 180
+
+
+def test_the_sliders_move_the_figures(calculator):
+    """Dragging the GPU slider rewrites the box beside it and the command line, by powers of two."""
+    calculator.evaluate(FILL, [{"--d-model": "2048", "--n-layer": "20", "--gpus": "8", "--micro-batch": "8"}, "DDP"])
+    calculator.locator('#budget-calculator [data-slider-for="--gpus"]').fill("6")
+    calculator.locator('#budget-calculator [data-slider-for="--micro-batch"]').fill("2")
+    config = {"--d-model": "2048", "--n-layer": "20", "--gpus": "64", "--micro-batch": "4"}
+    calculator.wait_for_function("() => !window.budgetCalculator.pending && window.budgetCalculator.last.argv"
+                                 ".join(' ') === '--d-model 2048 --n-layer 20 --gpus 64 --micro-batch 4'")
+    assert check(calculator.evaluate(SHOWN), config, "DDP") == "text"
