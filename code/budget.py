@@ -28,6 +28,7 @@ reproduced exactly, and beside it the same scenarios computed by the ledger.
 import argparse
 import contextlib
 import io
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -373,6 +374,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _finite(x) -> bool:
+    """Whether every number in an estimate (nested dicts and lists) is finite."""
+    if isinstance(x, dict):
+        return all(_finite(v) for v in x.values())
+    if isinstance(x, (list, tuple)):
+        return all(_finite(v) for v in x)
+    return not isinstance(x, float) or math.isfinite(x)
+
+
 def plan(argv: list) -> dict:
     """Parse a command line (not empty) and estimate it: what main prints, as numbers. A bad argument
     ends in SystemExit with one line on stderr, as on the command line."""
@@ -424,6 +434,8 @@ def plan(argv: list) -> dict:
                    checkpoint=args.checkpoint_activations, price_per_gpu_hour=args.price_per_gpu_hour,
                    seq_len=args.seq_len, micro_batch=args.micro_batch, grad_accum=args.grad_accum,
                    link_bytes_s=link)
+    if not _finite(est) or not est["step"]["compute_s"] > 0:
+        parser.error("these numbers are beyond what a float can hold (a result overflows); use realistic sizes")
     return dict(args=args, est=est, shape=shape, label=label, peak=peak, memory_gb=memory_gb, link_gb_s=link_gb_s,
                 link_label=link_label, text=report(est, label, peak, args.mfu, memory_gb, args.layout, args.checkpoint_activations,
                             link_label))
@@ -440,8 +452,10 @@ def page(argv: list) -> dict:
     except SystemExit:
         return dict(ok=False, error=err.getvalue().strip(), text="")
     args, est = p["args"], p["est"]
-    memory_parts = {memory.SCHEME_NAMES[s]: {k: v / GB for k, v in m.get("parts", {}).items() if k != "total"}
-                    for s, m in est["memory"].items()}
+    parts = {s: m["parts"] if "parts" in m else memory.state_bytes(  # no shape: the model state alone
+        est["n_params"], args.gpus, s, args.layout, args.fp32_grads) for s, m in est["memory"].items()}
+    memory_parts = {memory.SCHEME_NAMES[s]: {k: v / GB for k, v in ps.items() if k != "total"}
+                    for s, ps in parts.items()}
     counts = sorted({2 ** k for k in range(13) if 2 ** k <= max(64, 4 * args.gpus)} | {args.gpus})
     sweep = dict(gpus=counts, hours=[], cost=[], hours_with_comm={memory.SCHEME_NAMES[s]: [] for s in memory.SCHEMES})
     for g in counts:

@@ -213,3 +213,17 @@ def test_page_gives_the_cli_text_or_its_error_and_the_figures_numbers():
     bad = budget.page(["--params", "1e9", "--mfu", "2"])
     assert not bad["ok"] and bad["text"] == ""
     assert bad["error"] == cli("--params", "1e9", "--mfu", "2").stderr.strip()
+
+
+@pytest.mark.parametrize("args", [("--params", "1e300", "--tokens", "1e300"), ("--params", "1e9", "--gpus", "1e300")])
+def test_numbers_beyond_a_float_are_one_sentence(args):
+    r = cli(*args)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == ("budget.py: error: these numbers are beyond what a float can hold (a result overflows); "
+                        "use realistic sizes (see --help)\n")
+
+
+def test_page_shows_the_model_state_when_only_the_size_is_given():
+    out = budget.page(["--params", "1e9", "--gpus", "8"])
+    assert out["memory"]["DDP"] == pytest.approx({"weights": 4.0, "grads": 4.0, "optimizer": 8.0})
+    assert sum(out["memory"]["ZeRO-3/FSDP"].values()) == pytest.approx(16 / 8)
