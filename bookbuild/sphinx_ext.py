@@ -5,7 +5,9 @@
 - A page loads with no console errors: sphinx-thebe adds its inline configuration script once per
   `env-before-read-docs`, which fires more than once in a Jupyter Book build; the second copy
   redeclares a `const` and throws in the browser. Keep the first of any identical scripts.
+- The provenance page's table (provenance.py): how, when and where each chapter was executed.
 """
+from . import provenance
 from .cuda import skip_cuda_cells
 
 
@@ -28,4 +30,5 @@ def dedupe_scripts(app, pagename, templatename, context, doctree):
 def setup(app):
     app.connect("source-read", skip_cuda_cells_without_cuda)
     app.connect("html-page-context", dedupe_scripts, priority=900)
+    provenance.setup(app)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
