@@ -9,7 +9,8 @@ What lives where:
                  (paths of their .md files), and what every chapter must carry (the hidden setup
                  cell, a row in the front page's table, a paired .ipynb, a sanitizer section);
                  tests/test_chapter_checklist.py checks each chapter against it.
-- cuda.py        the cuda-cell rule: cells tagged `cuda` execute only where CUDA exists.
+- cuda.py        the cuda-cell rule: cells tagged `cuda` execute only where CUDA exists; the
+                 stored GPU run a chapter's .ipynb may hold (stored_gpu_run).
 - cache.py       the build's inputs hash, the execution cache it keys, and the notebook a chapter's
                  .md becomes in a build, with the outputs nbval produced for it.
 - nbval_hooks.py the pytest hooks that chapters/conftest.py imports: skip CUDA cells without CUDA,
@@ -17,7 +18,9 @@ What lives where:
 - build.py       the book build (`python -m bookbuild.build`).
 - refresh.py     the reference-output refresh (`python -m bookbuild.refresh`).
 - sphinx_ext.py  the Sphinx extension that _config.yml loads: the cuda rule as the build reads a
-                 page, and the HTML fix that drops a duplicated script.
+                 page, the HTML fix that drops a duplicated script, and provenance.py's directive.
+- provenance.py  the provenance page's table (chapters/provenance.md): how, when, where and how long
+                 each chapter was executed, from myst-nb's execution data and the execution cache.
 
 Run the commands from the repository root; pytest finds the package through pytest.ini's pythonpath.
 """

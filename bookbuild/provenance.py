@@ -94,7 +94,7 @@ def cuda_text(has_cuda_cells: bool, record: dict, stored: dict | None) -> str:
     if stored:
         return (f"CUDA 单元格：一次保存的 GPU 运行的输出（{stored.get('gpu', '?')}，{stored.get('date', '?')}，"
                 f"提交 {stored.get('commit', '?')}）。")
-    return "CUDA 单元格：本次构建没有执行，也还没有保存的 GPU 运行。"
+    return "CUDA 单元格：没有执行（执行本章的机器没有 GPU），也还没有保存的 GPU 运行。"
 
 
 def numbers_text(how: str, has_cuda_cells: bool, record: dict, stored: dict | None) -> str:
@@ -157,7 +157,6 @@ def chapter_rows(env, build_started: datetime.datetime) -> tuple[list[dict], dic
         stored = cuda.stored_gpu_run(md) if has_cuda_cells else None
         rows.append({
             "docname": docname, "title": _title(md, number), "how": HOW[how],
-            "method": exec_data.get("method", "") if exec_data else "",
             "when": created.strftime(TIME_FORMAT) if created else "—",
             "seconds": f"{seconds:.0f} s" if seconds is not None else "—",
             "commit": record.get("git commit", "—"),
