@@ -32,8 +32,8 @@ TIME_FORMAT = "%Y-%m-%d %H:%M UTC"
 
 HOW = {
     "build": "本次构建执行",
-    "earlier build": "取自执行缓存：较早一次构建执行",
-    "nbval": "取自执行缓存：nbval（pytest）执行",
+    "earlier build": "取自执行缓存：较早的构建执行",
+    "nbval": "取自执行缓存：nbval（测试）执行",
     "not executed": "未执行",
     "failed": "执行失败",
 }
@@ -104,7 +104,7 @@ def numbers_text(how: str, has_cuda_cells: bool, record: dict, stored: dict | No
     elif how == "build":
         own = "来自这次构建的执行。"
     else:
-        own = "来自表中这次较早的执行（代码与输入未变，构建没有重新执行）。"
+        own = "来自左边这次较早的执行（此后代码和输入都没变）。"
     return own + cuda_text(has_cuda_cells, record, stored)
 
 
@@ -207,9 +207,9 @@ def fill_table(app, doctree, docname):
         f"{machine.get('CPU cores')} 核，{machine.get('OS')}，Python {machine.get('python')}，"
         f"torch {machine.get('torch')}" + (f"，{machine['GPU']}" if machine.get("GPU") else "，没有 GPU")
         + f"；代码提交 {machine.get('git commit')}。"))
-    header = ["章", "怎样执行", "执行时间", "用时", "代码提交", "机器", "本页的数字"]
-    table = _table(header, [[_link(app, docname, r["docname"], r["title"]), r["how"], r["when"], r["seconds"],
-                             r["commit"], r["machine"], r["numbers"]] for r in rows])
+    header = ["章", "怎样执行", "执行时间、用时", "代码提交、机器", "本页的数字"]
+    table = _table(header, [[_link(app, docname, r["docname"], r["title"]), r["how"], f"{r['when']}，{r['seconds']}",
+                             f"{r['commit']}，{r['machine']}", r["numbers"]] for r in rows])
     for node in placeholders:
         node.replace_self([built, table])
 
