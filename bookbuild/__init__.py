@@ -9,7 +9,8 @@ What lives where:
                  (paths of their .md files), and what every chapter must carry (the hidden setup
                  cell, a row in the front page's table, a paired .ipynb, a sanitizer section);
                  tests/test_chapter_checklist.py checks each chapter against it.
-- cuda.py        the cuda-cell rule: cells tagged `cuda` execute only where CUDA exists.
+- cuda.py        the cuda-cell rule: cells tagged `cuda` execute only where CUDA exists; the
+                 stored GPU run a chapter's .ipynb may hold (stored_gpu_run).
 - cache.py       the build's inputs hash, the execution cache it keys, and the notebook a chapter's
                  .md becomes in a build, with the outputs nbval produced for it.
 - nbval_hooks.py the pytest hooks that chapters/conftest.py imports: skip CUDA cells without CUDA,
@@ -20,7 +21,10 @@ What lives where:
                  and cached under _build/, and budget.py with the modules it imports, copied from code/
                  into the HTML's _static/ at every build.
 - sphinx_ext.py  the Sphinx extension that _config.yml loads: the cuda rule as the build reads a
-                 page, the HTML fix that drops a duplicated script, and the calculator's static files.
+                 page, the HTML fix that drops a duplicated script, the calculator's static files and
+                 provenance.py's directive.
+- provenance.py  the provenance page's table (chapters/provenance.md): how, when, where and how long
+                 each chapter was executed, from myst-nb's execution data and the execution cache.
 
 Run the commands from the repository root; pytest finds the package through pytest.ini's pythonpath.
 """

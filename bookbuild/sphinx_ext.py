@@ -8,8 +8,9 @@
   `env-before-read-docs`, which fires more than once in a Jupyter Book build; the second copy
   redeclares a `const` and throws in the browser. Keep the first of any identical scripts.
 - Chapter 7's calculator: the Pyodide runtime and budget.py's modules join the static files (pyodide.py).
+- The provenance page's table (provenance.py): how, when and where each chapter was executed.
 """
-from . import pyodide
+from . import provenance, pyodide
 from .cuda import show_stored_gpu_outputs, skip_cuda_cells
 
 
@@ -33,4 +34,5 @@ def setup(app):
     app.connect("source-read", skip_cuda_cells_without_cuda)
     app.connect("html-page-context", dedupe_scripts, priority=900)
     pyodide.setup(app)  # chapter 7's calculator: Pyodide and budget.py in _static
+    provenance.setup(app)  # the provenance page's table
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -4,6 +4,9 @@ Builds the book (strict) if needed, serves _build/html on 127.0.0.1 and checks e
 errors, its chapter title, its code outputs, its figures decoded, its math rendered. Search for a Chinese
 word from chapter 5 must find chapter 5. A full-page screenshot of each page is kept in
 _build/screenshots/ to look at. No glued value on a built page reads as a Python repr (True, None, nan).
+Every image in a page's cell outputs carries alt text, and in the theme's dark mode every figure is
+opaque and shown on a light background (screenshots in _build/screenshots/dark-*.png). The provenance page has a
+row for every chapter, each executed.
 
 Needs Debian's chromium (/usr/bin/chromium; `.ci/run` installs it). Without it the tests that build the
 book skip, except in CI (CI=true), where a missing browser is a failure.
@@ -72,6 +75,11 @@ def browser():
         b.close()
 
 
+# An image's alt text says what it shows. Without the cell option mystnb: image: alt:, myst-nb writes the
+# image's own path (../_images/<hash>.png) as its alt: that counts as none.
+NO_ALT_JS = "!(i.getAttribute('alt') || '').trim() || /_images\\/|\\.(png|jpe?g|svg|gif)$/i.test(i.getAttribute('alt').trim())"
+
+
 def open_page(browser, url):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     errors = []
@@ -98,12 +106,26 @@ def test_page_renders(site, browser, docname):
         assert all(ok and w > 0 and h > 0 for ok, w, h, _ in images), f"undecoded images: {images}"
         if "plt.show()" in source:
             assert images, "a page that draws a figure shows no image"
+        no_alt = page.eval_on_selector_all(".cell_output img", f"imgs => imgs.filter(i => {NO_ALT_JS}).map(i => i.alt)")
+        assert not no_alt, (f"output image(s) without alt text {no_alt}: give the cell that draws each one the "
+                            "option mystnb: image: alt: (see any figure cell of chapter 6)")
         if "$" in source:
             assert page.locator("mjx-container").count() > 0, "math is not rendered"
             assert "\\frac" not in page.locator("main").inner_text()
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / f"{Path(docname).name}.png"), full_page=True)
         assert not errors, f"console errors: {errors}"
+    finally:
+        page.close()
+
+
+def test_the_alt_rule_rejects_a_missing_alt_and_a_path(browser):
+    page = browser.new_page()
+    try:
+        page.set_content('<div class="cell_output"><img alt="../_images/3f2a.png"><img alt=" "><img>'
+                         '<img alt="折线图：验证损失随步数下降"></div>')
+        flagged = page.eval_on_selector_all(".cell_output img", f"imgs => imgs.filter(i => {NO_ALT_JS}).length")
+        assert flagged == 3
     finally:
         page.close()
 
@@ -121,6 +143,104 @@ def test_chinese_search_finds_the_scaling_chapter(site, browser):
         assert not errors, f"console errors: {errors}"
     finally:
         page.close()
+
+
+# ---- figures in the theme's dark mode ----
+# A figure must stay readable when the reader switches the theme to dark. Two things make it so, and
+# both are checked: matplotlib draws each figure on an opaque white background (no transparent PNG that
+# would put black axis labels on the dark page), and the theme (pydata-sphinx-theme) shows every cell
+# output image on a light card in dark mode. The check decodes each figure's own pixels, and looks at
+# the rendered pixels along each figure's edges, where the dark page would show if either went away.
+
+LIGHT = 150  # luminance 0-255 of a figure's rendered edge in dark mode; the dark page is about 18
+PNG_CORNERS_JS = """i => { const c = document.createElement('canvas'); c.width = i.naturalWidth; c.height = i.naturalHeight;
+  const x = c.getContext('2d'); x.drawImage(i, 0, 0); const w = c.width - 1, h = c.height - 1;
+  return [[0, 0], [w, 0], [0, h], [w, h]].map(([a, b]) => Array.from(x.getImageData(a, b, 1, 1).data)); }"""
+
+
+def luminance(rgb):
+    r, g, b = rgb[:3]
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def edge_pixels(png_bytes):
+    """The pixels halfway along each edge of an element's screenshot, 3 px inside."""
+    from PIL import Image
+    import io
+    im = Image.open(io.BytesIO(png_bytes)).convert("RGB")
+    w, h = im.size
+    return [im.getpixel(xy) for xy in ((3, h // 2), (w - 4, h // 2), (w // 2, 3), (w // 2, h - 4))]
+
+
+def test_edge_pixels_tell_a_light_figure_from_a_transparent_one():
+    from PIL import Image
+    import io
+
+    def png(color):
+        buf = io.BytesIO()
+        Image.new("RGB", (40, 30), color).save(buf, format="PNG")
+        return buf.getvalue()
+    assert all(luminance(p) > LIGHT for p in edge_pixels(png((255, 255, 255))))
+    assert not any(luminance(p) > LIGHT for p in edge_pixels(png((18, 18, 18))))  # the dark page through it
+
+
+def test_png_corners_see_a_transparent_figure(browser):
+    import base64
+    import io
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.new("RGBA", (20, 10), (255, 255, 255, 0)).save(buf, format="PNG")
+    page = browser.new_page()
+    try:
+        page.set_content(f'<img src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">')
+        page.wait_for_function("document.images[0].complete")
+        corners = page.locator("img").evaluate(PNG_CORNERS_JS)
+        assert [a for *_, a in corners] == [0, 0, 0, 0]
+    finally:
+        page.close()
+
+
+def figure_pages():
+    return [d for d in toc_pages() if "plt.show()" in (REPO / f"{d}.md").read_text(encoding="utf-8")]
+
+
+@pytest.mark.parametrize("docname", figure_pages())
+def test_figures_are_light_in_dark_mode(site, browser, docname):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.add_init_script("localStorage.setItem('mode', 'dark'); localStorage.setItem('theme', 'dark');")
+    page = context.new_page()
+    try:
+        page.goto(f"{site}/{docname}.html", wait_until="networkidle")
+        assert page.evaluate("document.documentElement.dataset.theme") == "dark"
+        body = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        assert luminance([int(v) for v in re.findall(r"\d+", body)]) < 80, f"the page is not dark: {body}"
+        figures = page.locator(".cell_output img")
+        assert figures.count() > 0
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        dark = []
+        for i in range(figures.count()):
+            fig = figures.nth(i)
+            corners = fig.evaluate(PNG_CORNERS_JS)
+            assert all(a == 255 and luminance(rgb) > 240 for *rgb, a in corners), (
+                f"figure {i + 1} is not drawn on an opaque white background: corner pixels (RGBA) {corners}")
+            fig.scroll_into_view_if_needed()
+            shot = fig.screenshot(path=str(SHOTS / f"dark-{Path(docname).name}-{i + 1}.png"))
+            dark += [(i + 1, p) for p in edge_pixels(shot) if luminance(p) < LIGHT]
+        assert not dark, f"figures with a dark edge in dark mode (figure number, pixel): {dark}"
+    finally:
+        context.close()
+
+
+# ---- the provenance page ----
+
+def test_provenance_page_has_a_row_per_chapter(site):
+    page = (HTML / "chapters" / "provenance.html").read_text(encoding="utf-8")
+    rows = [html.unescape(re.sub(r"<[^>]+>", " ", r)) for r in re.findall(r"<tr[^>]*>(.*?)</tr>", page, re.S)]
+    for md in book.chapters():
+        row = next((r for r in rows if page_title(book.docname(md)) in r), None)
+        assert row is not None, f"the provenance page has no row for {md.name}"
+        assert "未执行" not in row and "执行失败" not in row, f"{md.name}: {' '.join(row.split())}"
+        assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", row), f"{md.name}: no execution time in {row!r}"
 
 
 # ---- glued values read as prose ----

@@ -1,0 +1,244 @@
+"""The provenance page (chapters/provenance.md): where each chapter's numbers come from.
+
+For each chapter: how its outputs were produced (executed by this build, or taken from the execution
+cache, where an earlier build or nbval put them), when (the cache record's time), how long it took, on
+what machine (the chapter's own experiment record, the `print_record()` cell at its end) and, for a
+chapter with cells tagged `cuda`, whether those show a GPU run and which.
+
+The page holds the directive
+    ```{provenance-table}
+    ```
+which leaves a placeholder. The table can only be made once every chapter is read and executed, so
+the page is written again on every build (env-updated) and the placeholder is replaced when the page
+is written (doctree-resolved). myst-nb's own execution statistics (`{nb-exec-table}`) say "cache" for
+both a fresh execution and a cache hit; the cache record says which.
+"""
+import datetime
+import platform
+import re
+import sys
+from pathlib import Path
+
+from docutils import nodes
+from sphinx.util.docutils import SphinxDirective
+
+from . import book, cache, cuda
+
+FLAG = "has_provenance_table"  # set in myst-nb's per-document metadata, which handles purge and merge
+RECORD_CALL = "print_record()"  # the last line of a chapter's last cell: code/measure.py prints "key: value" lines
+RECORD_LINE = re.compile(r"^ *([^:\n]+): (.*)$")
+MACHINE_KEYS = ("CPU", "CPU cores", "python", "torch")  # what says which machine and software ran it
+TIME_FORMAT = "%Y-%m-%d %H:%M UTC"
+
+HOW = {
+    "build": "本次构建执行",
+    "earlier build": "取自执行缓存：较早的构建执行",
+    "nbval": "取自执行缓存：nbval（测试）执行",
+    "not executed": "未执行",
+    "failed": "执行失败",
+}
+
+
+# ---- what the page says, from plain data (tested in tests/test_provenance.py) ----
+
+def parse_record(text: str) -> dict:
+    """The experiment record (measure.print_record) at the end of a cell's printed text, as {key: value}
+    strings: the run of "key: value" lines that ends the text."""
+    record = {}
+    for line in reversed(text.rstrip("\n").splitlines()):
+        match = RECORD_LINE.fullmatch(line)
+        if not match:
+            break
+        record[match.group(1).strip()] = match.group(2).strip()
+    return dict(reversed(record.items()))
+
+
+def record_of(nb) -> dict:
+    """The experiment record in an executed chapter's outputs ({} if it has none): the printed text of
+    the last code cell whose last line calls print_record()."""
+    for cell in reversed(nb.cells):
+        if cell.cell_type == "code" and cell.source.strip().splitlines()[-1:] == [RECORD_CALL]:
+            return parse_record("".join(out.get("text", "") for out in cell.get("outputs", [])
+                                        if out.get("output_type") == "stream"))
+    return {}
+
+
+def how_executed(created: datetime.datetime | None, executed_by: str | None,
+                 build_started: datetime.datetime, succeeded: bool | None = True) -> str:
+    """A key of HOW. created: when the execution was stored in the cache (UTC; None: not in it)."""
+    if succeeded is False:
+        return "failed"
+    if created is None:
+        return "not executed"
+    if executed_by == "nbval":
+        return "nbval"
+    return "build" if created >= build_started else "earlier build"
+
+
+def machine_text(record: dict, build_machine: dict) -> str:
+    """The machine a chapter ran on: 'this build's machine' when its record matches it."""
+    if not record:
+        return "（本章没有实验记录）"
+    if all(record.get(k) == build_machine.get(k) for k in MACHINE_KEYS):
+        return "本构建机器"
+    return (f"{record.get('CPU', '?')}，{record.get('CPU cores', '?')} 核，"
+            f"Python {record.get('python', '?')}，torch {record.get('torch', '?')}")
+
+
+def cuda_text(has_cuda_cells: bool, record: dict, stored: dict | None) -> str:
+    """What the page says about a chapter's cells tagged `cuda` ('' for a chapter without them)."""
+    if not has_cuda_cells:
+        return ""
+    if record.get("GPU"):
+        return f"CUDA 单元格：随本章在 {record['GPU']} 上执行。"
+    if stored:
+        return (f"CUDA 单元格：一次保存的 GPU 运行的输出（{stored.get('gpu', '?')}，{stored.get('date', '?')}，"
+                f"提交 {stored.get('commit', '?')}）。")
+    return "CUDA 单元格：没有执行（执行本章的机器没有 GPU），也还没有保存的 GPU 运行。"
+
+
+def numbers_text(how: str, has_cuda_cells: bool, record: dict, stored: dict | None) -> str:
+    """Where a chapter's numbers come from."""
+    if how in ("not executed", "failed"):
+        own = "本页没有执行输出。"
+    elif how == "build":
+        own = "来自这次构建的执行。"
+    else:
+        own = "来自左边这次较早的执行（此后代码和输入都没变）。"
+    return own + cuda_text(has_cuda_cells, record, stored)
+
+
+def build_machine() -> dict:
+    """This build's machine, in the chapters' record format (code/measure.py), and its OS."""
+    sys.path.insert(0, str(book.REPO / "code"))
+    try:
+        import measure
+        rec = {k: str(v) for k, v in measure.experiment_record().items()}
+    finally:
+        sys.path.remove(str(book.REPO / "code"))
+    try:
+        rec["OS"] = platform.freedesktop_os_release()["PRETTY_NAME"]
+    except (OSError, KeyError):
+        rec["OS"] = platform.platform()
+    return rec
+
+
+# ---- gathering it in a build ----
+
+def chapter_rows(env, build_started: datetime.datetime) -> tuple[list[dict], dict]:
+    """One dict per chapter, in _toc.yml's order, from myst-nb's execution data and the cache; and
+    this build's machine."""
+    from jupyter_cache import get_cache
+    from myst_nb.sphinx_ import NbMetadataCollector
+
+    store = get_cache(str(cache.CACHE))  # read only: bookbuild.cache.execution_cache may empty it
+    machine = build_machine()
+    rows = []
+    for number, md in enumerate(book.chapters(), start=1):
+        docname = book.docname(md)
+        exec_data = NbMetadataCollector.get_doc_data(env).get(docname, {}).get("exec_data")
+        nb_read = cache.as_the_build_reads(md)
+        created, executed_by, seconds, record = None, None, None, {}
+        if exec_data:
+            try:
+                hit = store.match_cache_notebook(nb_read)
+            except KeyError:
+                hit = None
+            if hit is not None:
+                created = hit.created.replace(tzinfo=datetime.timezone.utc)  # jupyter-cache stores UTC
+                executed_by = hit.data.get("executed_by")
+                seconds = hit.data.get("execution_seconds")
+                record = record_of(store.get_cache_bundle(hit.pk).nb)
+            else:  # executed, but not through the cache: myst-nb's own statistics
+                created = datetime.datetime.fromtimestamp(exec_data["mtime"], datetime.timezone.utc)
+            seconds = seconds if seconds is not None else exec_data.get("runtime")
+        how = how_executed(created, executed_by, build_started, exec_data.get("succeeded") if exec_data else None)
+        has_cuda_cells = any(cuda.is_cuda_cell(c) for c in nb_read.cells)
+        stored = cuda.stored_gpu_run(md) if has_cuda_cells else None
+        rows.append({
+            "docname": docname, "title": _title(md, number), "how": HOW[how],
+            "when": created.strftime(TIME_FORMAT) if created else "—",
+            "seconds": f"{seconds:.0f} s" if seconds is not None else "—",
+            "commit": record.get("git commit", "—"),
+            "machine": machine_text(record, machine),
+            "numbers": numbers_text(how, has_cuda_cells, record, stored),
+        })
+    return rows, machine
+
+
+def _title(md: Path, number: int) -> str:
+    for line in md.read_text(encoding="utf-8").splitlines():
+        if line.startswith("# "):
+            return line[2:].strip()
+    return f"第{number}章"
+
+
+# ---- Sphinx ----
+
+class ProvenanceNode(nodes.General, nodes.Element):
+    """Where the provenance table goes, once every chapter has been executed."""
+
+
+class ProvenanceTable(SphinxDirective):
+    def run(self):
+        from myst_nb.sphinx_ import NbMetadataCollector
+        NbMetadataCollector.set_doc_data(self.env, self.env.docname, FLAG, True)
+        return [ProvenanceNode()]
+
+
+def note_build_start(app):
+    app.provenance_build_started = datetime.datetime.now(datetime.timezone.utc)
+
+
+def pages_with_the_table(app, env):
+    """env-updated: write the provenance page on every build, after all chapters are read."""
+    from myst_nb.sphinx_ import NbMetadataCollector
+    return [doc for doc, data in NbMetadataCollector.get_doc_data(env).items() if data.get(FLAG)]
+
+
+def fill_table(app, doctree, docname):
+    """doctree-resolved: replace the placeholder with the machine paragraph and the table."""
+    placeholders = list(doctree.findall(ProvenanceNode))
+    if not placeholders:
+        return
+    rows, machine = chapter_rows(app.env, app.provenance_build_started)
+    built = nodes.paragraph(text=(
+        f"这一版构建于 {app.provenance_build_started.strftime(TIME_FORMAT)}，构建机器：{machine.get('CPU')}，"
+        f"{machine.get('CPU cores')} 核，{machine.get('OS')}，Python {machine.get('python')}，"
+        f"torch {machine.get('torch')}" + (f"，{machine['GPU']}" if machine.get("GPU") else "，没有 GPU")
+        + f"；代码提交 {machine.get('git commit')}。"))
+    header = ["章", "怎样执行", "执行时间、用时", "代码提交、机器", "本页的数字"]
+    table = _table(header, [[_link(app, docname, r["docname"], r["title"]), r["how"], f"{r['when']}，{r['seconds']}",
+                             f"{r['commit']}，{r['machine']}", r["numbers"]] for r in rows])
+    for node in placeholders:
+        node.replace_self([built, table])
+
+
+def _link(app, fromdoc, todoc, text):
+    para = nodes.paragraph()
+    para += nodes.reference("", text, internal=True, refuri=app.builder.get_relative_uri(fromdoc, todoc))
+    return para
+
+
+def _table(header, rows):
+    table = nodes.table(classes=["colwidths-auto"])
+    group = nodes.tgroup(cols=len(header))
+    table += group
+    group.extend(nodes.colspec(colwidth=1) for _ in header)
+    head, body = nodes.thead(), nodes.tbody()
+    group += head
+    group += body
+    for cells, parent in [(header, head)] + [(r, body) for r in rows]:
+        row = nodes.row()
+        for cell in cells:
+            row += nodes.entry("", cell if isinstance(cell, nodes.Node) else nodes.paragraph(text=cell))
+        parent += row
+    return table
+
+
+def setup(app):
+    app.add_node(ProvenanceNode)
+    app.add_directive("provenance-table", ProvenanceTable)
+    app.connect("builder-inited", note_build_start)
+    app.connect("env-updated", pages_with_the_table)
+    app.connect("doctree-resolved", fill_table)
