@@ -5,6 +5,7 @@
     python -m torch.distributed.run --standalone --nproc-per-node 2 code/ddp_train.py --fsdp --out fsdp.pt
     python -m torch.distributed.run --standalone --nproc-per-node 2 code/ddp_train.py --accum 4 --count-all-reduce
     python -m torch.distributed.run --standalone --nproc-per-node 2 code/ddp_train.py --show-data-order
+    python -m torch.distributed.run --standalone --nproc-per-node 2 code/ddp_train.py --bench-all-reduce
 
 Every step draws one global batch from a generator seeded identically on every process; the batch
 is cut into --slices slices (default: one per process) and each rank takes its own. So one process
@@ -14,6 +15,9 @@ and saves; the checkpoint holds the plain model's state, which loads into an unw
 Two demonstrations of bugs that raise no error: --backward-only-no-sync (with --count-all-reduce
 to see what it costs) and --show-data-order (DistributedSampler with and without set_epoch, and a
 plain shuffled DataLoader; no training).
+
+--bench-all-reduce times the collective DDP is built on, an all-reduce of fp32 tensors from kilobytes
+to tens of megabytes, and fits the ring model t = α + 2(N-1)/N · bytes / bandwidth to the fastest calls.
 """
 import contextlib
 import sys
@@ -27,8 +31,8 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from data import CorpusError, get_batch, load_tokens  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from script_support import (Parser, accumulate_gradients, fail, mean_across_ranks, process_group,  # noqa: E402
-                            save_atomic, set_lr)
+from script_support import (Parser, accumulate_gradients, fail, mean_across_ranks, number,  # noqa: E402
+                            process_group, save_atomic, set_lr)
 from train import configure_optimizer, lr_at  # noqa: E402
 
 
@@ -50,6 +54,13 @@ def parse_args(argv=None):
                    help="count DDP's gradient all-reduces per step (a communication hook) and print them")
     p.add_argument("--show-data-order", action="store_true",
                    help="(demo) print which windows each rank reads under three loading schemes; no training")
+    p.add_argument("--bench-all-reduce", action="store_true",
+                   help="(measure) time all-reduce at several message sizes and fit the ring model; no training")
+    p.add_argument("--sizes", type=byte_sizes, default=BENCH_SIZES,
+                   help=f"with --bench-all-reduce: message sizes in bytes, comma-separated (default {BENCH_SIZES})")
+    p.add_argument("--repeats", type=int, default=5, help="with --bench-all-reduce: timed calls per size per round")
+    p.add_argument("--rounds", type=int, default=10,
+                   help="with --bench-all-reduce: rounds over all sizes (a burst of load hits every size alike)")
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--n-layer", type=int, default=2)
@@ -67,12 +78,25 @@ def parse_args(argv=None):
     p.add_argument("--hang-rank", type=int, default=None, help="(demo) this rank stalls at --fail-step")
     p.add_argument("--fail-step", type=int, default=2)
     args = p.parse_args(argv)
-    for name in ("steps", "global_batch", "accum", "seq_len"):
+    for name in ("steps", "global_batch", "accum", "seq_len", "repeats", "rounds"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.fsdp and (args.backward_only_no_sync or args.count_all_reduce):
         p.error("--backward-only-no-sync and --count-all-reduce are about DDP; drop --fsdp")
     return args
+
+
+BENCH_SIZES = "4k,16k,64k,256k,1M,4M,16M,64M"  # decimal: 4 kB to 64 MB, four times apart
+
+
+def byte_sizes(text: str) -> list:
+    """'4k,1M' -> [4000, 1000000]: message sizes in bytes, each a whole number of fp32 values."""
+    import argparse
+    sizes = [number(t) for t in text.split(",")]
+    for t, b in zip(text.split(","), sizes):
+        if b < 4 or b % 4:
+            raise argparse.ArgumentTypeError(f"{t.strip()!r} is not a whole number of 4-byte fp32 values")
+    return [int(b) for b in sizes]
 
 
 def local_rows(args, rank: int, world: int) -> slice:
@@ -189,6 +213,8 @@ def main(argv=None):
     with process_group("gloo", timeout_s=args.timeout) as (rank, _, world):
         if args.show_data_order:
             show_data_order(args, rank, world)
+        elif args.bench_all_reduce:
+            report_all_reduce(args, rank, world)
         else:
             run(args, rank, world)
 
@@ -319,6 +345,97 @@ def show_data_order(args, rank: int, world: int, n_windows: int = 16, epochs: in
                 print(f"  epoch {epoch}, rank {r} reads {everyone[r][scheme][epoch]}")
     if args.out:
         save_atomic({s: [[everyone[r][s][e] for r in range(world)] for e in range(epochs)] for s in orders}, args.out)
+
+
+# ---- what an all-reduce costs: measured, and the ring model fitted to it ----
+
+def bench_all_reduce(sizes: list, repeats: int = 5, rounds: int = 10, warmup: int = 2) -> list:
+    """Seconds of every timed all-reduce (sum) of an fp32 tensor of each size in bytes: for each size,
+    in the order given, rounds × repeats times in the order taken, each the slower rank's time.
+
+    Every rank must call it with the same arguments. The timing loop is measure.time_steps: the sizes
+    take turns round by round, so a burst of load from elsewhere hits all of them alike. Within a
+    round the largest size goes first, so every size follows a larger one that has pushed it out of
+    the caches; smallest first, a size would find the caches warmed by a smaller one, and on a CPU
+    the times of the middle sizes then depend on their neighbours."""
+    from measure import time_steps
+    order = sorted(set(sizes), reverse=True)
+    tensors = {b: torch.zeros(b // 4) for b in order}  # zeros: sums stay zero, however many calls
+    fns = {b: (lambda t=t: dist.all_reduce(t)) for b, t in tensors.items()}
+    stats = time_steps(fns, warmup=warmup, repeats=repeats, rounds=rounds)
+    times = torch.tensor([stats[b]["times_s"] for b in sizes], dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a collective is done when its slowest rank is
+    return times.tolist()
+
+
+def ring_bytes(size: float, world: int) -> float:
+    """Bytes each rank sends in a ring all-reduce of `size` bytes of fp32: 2(N-1)/N · size, what
+    budget.py charges a DDP step for its fp32 gradients."""
+    import budget
+    return budget.comm_bytes_per_step(size / 4, world, "ddp", fp32_grads=True)
+
+
+def fit_ring(sizes: list, seconds: list, world: int) -> tuple:
+    """(α in seconds, bandwidth in bytes/s) of t = α + ring_bytes(size) / bandwidth, by least squares
+    on the relative residuals (t_model - t) / t.
+
+    Relative, because the times span several decades and their noise grows with them: plain
+    residuals would let the largest sizes decide alone and leave α, the small sizes' time, to chance."""
+    t = torch.tensor(seconds, dtype=torch.float64)
+    sent = torch.tensor([ring_bytes(b, world) for b in sizes], dtype=torch.float64)
+    design = torch.stack([1 / t, sent / t], dim=1)  # each row divided by its t: relative residuals
+    alpha, per_byte = torch.linalg.lstsq(design, torch.ones(len(t), 1, dtype=torch.float64)).solution.flatten()
+    return alpha.item(), 1 / per_byte.item()
+
+
+def ring_time(size: float, world: int, alpha: float, bandwidth: float) -> float:
+    """Seconds the ring model predicts for an all-reduce of `size` bytes."""
+    return alpha + ring_bytes(size, world) / bandwidth
+
+
+def all_reduce_summary(sizes: list, times: list, world: int, rounds: int) -> dict:
+    """bench_all_reduce's times, summarised per size: the fastest call, the median, the fastest of
+    each half of the run (even and odd rounds: two runs taken in turns) and their ratio (≥ 1, the
+    run-to-run noise); and the ring model fitted to the fastest calls, with the size at which its
+    two terms are equal.
+
+    The fastest call, not the median: on a CPU shared with other programs, a small all-reduce
+    waits, often more than half the time, until the scheduler runs the other rank again; that wait
+    belongs to the load, not to the link. The fastest of many calls is the one that did not wait."""
+    import statistics
+    per_round = [len(ts) // rounds for ts in times]
+    halves = [tuple(min(t for r in range(first, rounds, 2) for t in ts[r * k:(r + 1) * k]) for first in (0, 1))
+              for ts, k in zip(times, per_round)]
+    fastest = [min(ts) for ts in times]
+    alpha, bandwidth = fit_ring(sizes, fastest, world)
+    return dict(sizes=list(sizes), fastest=fastest, medians=[statistics.median(ts) for ts in times],
+                halves=halves, noise=[max(h) / min(h) for h in halves], alpha=alpha, bandwidth=bandwidth,
+                crossover=alpha * bandwidth / ring_bytes(1.0, world))
+
+
+def report_all_reduce(args, rank: int, world: int):
+    """--bench-all-reduce: time; rank 0 prints the times and the fit, and saves the times with --out."""
+    if world < 2 or args.rounds < 2 or len(args.sizes) < 2:
+        fail("--bench-all-reduce needs at least 2 processes (torchrun), 2 --rounds and 2 --sizes")
+    times = bench_all_reduce(args.sizes, args.repeats, args.rounds)
+    if rank:
+        return
+    s = all_reduce_summary(args.sizes, times, world, args.rounds)
+    print(f"all-reduce of fp32 (sum), gloo, {world} processes, {args.rounds} rounds × {args.repeats} calls "
+          f"per size, the slower rank's time")
+    print(f"  {'bytes':>11}  {'fastest':>12}  {'median':>12}  {'fastest of the even / odd rounds':>34}")
+    for b, f, m, (even, odd) in zip(args.sizes, s["fastest"], s["medians"], s["halves"]):
+        print(f"  {b:>11,}  {f * 1e3:9.3f} ms  {m * 1e3:9.3f} ms  {even * 1e3:13.3f} ms / {odd * 1e3:9.3f} ms")
+    if s["alpha"] > 0 and s["bandwidth"] > 0:
+        print(f"fit t = α + 2(N-1)/N · bytes / bandwidth to the fastest: α {s['alpha'] * 1e6:.0f} µs, bandwidth "
+              f"{s['bandwidth'] / 1e9:.2f} GB/s, equal terms at {s['crossover'] / 1e3:,.0f} kB")
+    else:  # noise larger than what the sizes tell apart
+        print("fit t = α + 2(N-1)/N · bytes / bandwidth: no positive α and bandwidth fit these times; "
+              "measure sizes further apart (kilobytes to tens of megabytes) or more rounds")
+    if args.out:
+        save_atomic({"world": world, "sizes": args.sizes, "rounds": args.rounds, "repeats": args.repeats,
+                     "times_s": times}, args.out)
 
 
 if __name__ == "__main__":

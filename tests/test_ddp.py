@@ -119,3 +119,67 @@ def test_bad_batch_split_is_one_clear_error(tmp_path):
     p, _ = run(tmp_path, ["--global-batch", "3", "--slices", "2"])
     assert p.returncode != 0
     assert p.stderr.strip() == "error: --global-batch 3 does not divide into 2 slices"
+
+
+# ---- --bench-all-reduce: the timing and the ring model fitted to it ----
+
+def test_bench_all_reduce_times_every_size_on_two_ranks(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", SCRIPT,
+                        "--bench-all-reduce", "--sizes", "64k,4k", "--repeats", "2", "--rounds", "2",
+                        "--out", "bench.pt"], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    saved = torch.load(tmp_path / "bench.pt")
+    assert saved["world"] == 2 and saved["sizes"] == [64_000, 4_000] and saved["rounds"] == 2
+    assert [len(ts) for ts in saved["times_s"]] == [4, 4] and all(t > 0 for ts in saved["times_s"] for t in ts)
+    rows = [line.split()[0] for line in p.stdout.splitlines() if line.endswith(" ms")]
+    assert rows == ["64,000", "4,000"] and p.stdout.count("fit t = α") == 1  # printed by rank 0 only
+
+
+def test_bench_all_reduce_needs_two_processes(tmp_path):
+    p, _ = run(tmp_path, ["--bench-all-reduce"])
+    assert p.returncode == 1 and p.stderr.strip().startswith("error: --bench-all-reduce needs at least 2 processes")
+
+
+@pytest.mark.parametrize("text", ["4k,6", "0", "4k,x"])
+def test_bench_sizes_must_be_whole_fp32_values(tmp_path, text):
+    p, _ = run(tmp_path, ["--bench-all-reduce", "--sizes", text])
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "--sizes" in p.stderr
+
+
+def test_ring_bytes_is_two_n_minus_one_over_n():
+    from ddp_train import ring_bytes
+    assert ring_bytes(1e6, 2) == pytest.approx(1e6)  # two ranks: each sends half, then receives half back
+    assert ring_bytes(1e6, 4) == pytest.approx(1.5e6)
+    assert ring_bytes(1e6, 1) == 0
+
+
+@pytest.mark.parametrize("world", [2, 8])
+def test_fit_ring_recovers_the_model_it_is_given(world):
+    from ddp_train import fit_ring, ring_time
+    sizes = [4_000 * 4**k for k in range(8)]
+    alpha, bandwidth = fit_ring(sizes, [ring_time(b, world, 2e-4, 1.5e9) for b in sizes], world)
+    assert alpha == pytest.approx(2e-4, rel=1e-9) and bandwidth == pytest.approx(1.5e9, rel=1e-9)
+
+
+def test_fit_ring_weighs_sizes_by_relative_error():
+    from ddp_train import fit_ring, ring_time
+    sizes = [4_000 * 4**k for k in range(8)]
+    times = [ring_time(b, 2, 2e-4, 1.5e9) for b in sizes]
+    times[0] *= 1.1  # 10 % off at the smallest size moves α by a few percent, not by orders of magnitude
+    alpha, _ = fit_ring(sizes, times, 2)
+    assert 2e-4 < alpha < 2.2e-4
+
+
+def test_all_reduce_summary_splits_the_run_into_alternate_rounds():
+    from ddp_train import all_reduce_summary, ring_time
+    sizes = [1_000_000, 4_000]
+    exact = [ring_time(b, 2, 1e-4, 1e9) for b in sizes]
+    # 4 rounds of 2 calls; in the odd rounds every call of the small size waited (3×), in the even
+    # rounds one of two did (5×): the fastest calls are the model's, the median is not
+    times = [[exact[0]] * 8, [exact[1], 5 * exact[1], 3 * exact[1], 3 * exact[1]] * 2]
+    s = all_reduce_summary(sizes, times, 2, rounds=4)
+    assert s["fastest"] == exact and s["medians"][1] == pytest.approx(3 * exact[1])
+    assert s["halves"] == [(exact[0], exact[0]), (exact[1], 3 * exact[1])]
+    assert s["noise"] == pytest.approx([1.0, 3.0])
+    assert s["alpha"] == pytest.approx(1e-4) and s["bandwidth"] == pytest.approx(1e9)
+    assert s["crossover"] == pytest.approx(s["alpha"] * s["bandwidth"])  # two ranks: 2(N-1)/N = 1
