@@ -376,9 +376,12 @@ def calculator_run(argv_json):
       h("svg:text", { x: lx(page.gpus) + 6, y: y(v) - 7, class: "calc-tick calc-limit-label", text })];
     svg.append(...mark(yh, sw.hours[at], `${fmt(sw.hours[at])} h`));
     if (hasCost) {
-      const yc = panel(top + gap, top + bottom, [sw.cost], "cost (log)");
-      svg.append(line(yc, sw.cost, { class: "calc-series calc-cost", "data-series": "cost" }),
-        h("svg:text", { x: W - R + 6, y: top + gap + 14, class: "calc-tick", text: "cost, compute only" }),
+      const costs = series.slice(1).map((s) => ({ ...s, values: sw.cost_with_comm[s.scheme] }));
+      const yc = panel(top + gap, top + bottom, [sw.cost, ...costs.map((s) => s.values)], "cost (log)");
+      svg.append(line(yc, sw.cost, { class: "calc-series calc-compute", "data-series": "cost" }));
+      costs.forEach((s) => svg.append(line(yc, s.values, { class: "calc-series" + (s.scheme === selected ? " calc-selected" : ""),
+        stroke: s.color, "data-series": `${s.scheme} cost + comm` })));
+      svg.append(h("svg:text", { x: W - R + 6, y: top + gap + 14, class: "calc-tick", text: "cost: same lines" }),
         ...mark(yc, sw.cost[at], fmt(sw.cost[at])));
     }
     svg.append(h("svg:line", { x1: lx(page.gpus), x2: lx(page.gpus), y1: T, y2: H - 40, class: "calc-now" }));

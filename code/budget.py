@@ -444,7 +444,8 @@ def plan(argv: list) -> dict:
 def page(argv: list) -> dict:
     """What chapter 7's calculator shows for a command line: the text main prints, or the one-line
     error it ends with; and the numbers of its two figures, memory per GPU by part for each scheme
-    and hours and cost against the number of GPUs. JSON-ready (the page runs this under Pyodide)."""
+    and hours and cost against the number of GPUs (compute alone, and with each scheme's communication
+    added, not overlapped: the cost of GPUs that wait). JSON-ready (the page runs this under Pyodide)."""
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
@@ -457,7 +458,8 @@ def page(argv: list) -> dict:
     memory_parts = {memory.SCHEME_NAMES[s]: {k: v / GB for k, v in ps.items() if k != "total"}
                     for s, ps in parts.items()}
     counts = sorted({2 ** k for k in range(13) if 2 ** k <= max(64, 4 * args.gpus)} | {args.gpus})
-    sweep = dict(gpus=counts, hours=[], cost=[], hours_with_comm={memory.SCHEME_NAMES[s]: [] for s in memory.SCHEMES})
+    sweep = dict(gpus=counts, hours=[], cost=[], hours_with_comm={memory.SCHEME_NAMES[s]: [] for s in memory.SCHEMES},
+                 cost_with_comm={memory.SCHEME_NAMES[s]: [] for s in memory.SCHEMES})
     for g in counts:
         e = estimate(n_params=est["n_params"], gpus=g, peak_flops=p["peak"], mfu=args.mfu, tokens=est["tokens"],
                      shape=p["shape"], layout=args.layout, fp32_grads=args.fp32_grads,
@@ -467,9 +469,11 @@ def page(argv: list) -> dict:
         sweep["hours"].append(e["hours"])
         sweep["cost"].append(e["cost"])
         for s, m in e["memory"].items():
-            comm = m["comm_s"]
-            sweep["hours_with_comm"][memory.SCHEME_NAMES[s]].append(
-                None if comm is None else e["step"]["steps"] * (e["step"]["compute_s"] + comm) / 3600)
+            comm, price = m["comm_s"], args.price_per_gpu_hour
+            hours = None if comm is None else e["step"]["steps"] * (e["step"]["compute_s"] + comm) / 3600
+            sweep["hours_with_comm"][memory.SCHEME_NAMES[s]].append(hours)
+            sweep["cost_with_comm"][memory.SCHEME_NAMES[s]].append(
+                None if hours is None or price is None else hours * g * price)
     return dict(ok=True, error="", text=p["text"], memory=memory_parts, memory_gb=p["memory_gb"],
                 usable_gb=None if p["memory_gb"] is None else USABLE_FRACTION * p["memory_gb"],
                 gpus=args.gpus, sweep=sweep)

@@ -270,7 +270,8 @@ def check(shown, config, scheme):
     drawn = [[s, part, gb] for s, parts in expected["memory"].items() for part, gb in parts.items() if gb > 0]
     assert sorted(shown["segments"]) == sorted(drawn)
     comm = [f"{s} + comm" for s, v in expected["sweep"]["hours_with_comm"].items() if None not in v]
-    assert shown["series"] == ["compute only", *comm] + (["cost"] if None not in expected["sweep"]["cost"] else [])
+    costs = ["cost"] + [f"{s} cost + comm" for s, v in expected["sweep"]["cost_with_comm"].items() if None not in v]
+    assert shown["series"] == ["compute only", *comm] + (costs if None not in expected["sweep"]["cost"] else [])
     assert shown["labelled"] and shown["svgs"] == 2 - (not drawn)  # without a shape: no memory plot
     if drawn:
         assert shown["selectedBar"] == [scheme]
