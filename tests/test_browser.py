@@ -48,14 +48,18 @@ def page_title(docname):
     raise AssertionError(f"{docname}.md has no title")
 
 
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # one line per request would bury the test output
+        pass
+
+
 @pytest.fixture(scope="module")
 def site():
     if not CHROMIUM:  # the book is built only where its pages can be opened
         pytest.skip(NO_CHROMIUM)
     build = subprocess.run([sys.executable, "-m", "bookbuild.build", "--strict"], cwd=REPO)
     assert build.returncode == 0, "the strict book build failed"
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(HTML))
-    handler.log_message = lambda *a: None
+    handler = functools.partial(QuietHandler, directory=str(HTML))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
