@@ -129,8 +129,8 @@ def stage(stage_dir: Path = STAGE) -> str | None:
 
 def add_static_files(app):
     """builder-inited: stage the calculator's files and add them to the HTML's static files."""
-    if app.builder.format != "html":
-        return
+    if app.builder.format != "html" or not (CODE / ENTRY).is_file():
+        return  # not HTML, or a partial copy of the book without code/ (tests build such copies)
     reason = stage()
     if reason:
         from sphinx.util import logging

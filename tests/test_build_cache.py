@@ -6,6 +6,7 @@
   the build reads (bookbuild/sphinx_ext.py).
 """
 import copy
+from types import SimpleNamespace
 
 import nbformat
 import pytest
@@ -23,6 +24,10 @@ def _run(nb, outputs, failed=False):
     return {"nb": nb, "outputs": outputs, "failed": failed, "start": 0.0, "inputs": ""}
 
 
+# what the source-read hook uses of Sphinx's app: where a page's source file is
+APP = SimpleNamespace(env=SimpleNamespace(doc2path=lambda docname: REPO / f"{docname}.md"))
+
+
 @pytest.mark.parametrize("chapter", ["02_speed", "06_gpu"])
 def test_the_build_finds_a_chapter_that_nbval_ran(tmp_path, chapter, monkeypatch):
     monkeypatch.setattr(cuda, "has_cuda", lambda: False)
@@ -34,7 +39,7 @@ def test_the_build_finds_a_chapter_that_nbval_ran(tmp_path, chapter, monkeypatch
     store.cache_notebook_bundle(CacheBundleIn(done, str(md_path)), check_validity=False, overwrite=True)
     # what myst-nb reads in a build: the page's source after the book's source-read hook
     source = [md_path.read_text(encoding="utf-8")]
-    sphinx_ext.skip_cuda_cells_without_cuda(None, chapter, source)
+    sphinx_ext.skip_cuda_cells_without_cuda(APP, f"chapters/{chapter}", source)
     reader = create_nb_reader(str(md_path), MdParserConfig(), NbParserConfig(), source[0])
     assert store.match_cache_notebook(reader.read(source[0])) is not None
     edited = reader.read(source[0].replace("```{code-cell} ipython3\n", "```{code-cell} ipython3\n# edited\n", 2))
@@ -83,7 +88,7 @@ z = 3
 def test_cuda_cells_get_skip_execution_only_without_cuda(monkeypatch):
     monkeypatch.setattr(cuda, "has_cuda", lambda: False)
     source = [SOURCE]
-    sphinx_ext.skip_cuda_cells_without_cuda(None, "chapters/x", source)
+    sphinx_ext.skip_cuda_cells_without_cuda(APP, "chapters/x", source)
     assert ":tags: [cuda, skip-execution]" in source[0]
     assert ":tags: [hide-input, cuda, skip-execution]" in source[0]
     assert ":tags: [remove-cell]" in source[0]
@@ -95,6 +100,6 @@ def test_cuda_cells_get_skip_execution_only_without_cuda(monkeypatch):
 
     monkeypatch.setattr(cuda, "has_cuda", lambda: True)
     source = [SOURCE]
-    sphinx_ext.skip_cuda_cells_without_cuda(None, "chapters/x", source)
+    sphinx_ext.skip_cuda_cells_without_cuda(APP, "chapters/x", source)
     assert source[0] == SOURCE
     assert cuda.nbclient_skip_tag() != "cuda"
