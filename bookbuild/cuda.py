@@ -11,7 +11,6 @@ from pathlib import Path
 
 TAG = "cuda"
 SKIP_TAG = "skip-execution"  # the tag that myst-nb and nbclient do not execute
-TAGS_LINE = re.compile(r"(?m)^:tags: \[([^\]\n]*)\]")
 
 
 def has_cuda() -> bool:
@@ -27,22 +26,48 @@ def is_cuda_cell(cell) -> bool:
     return TAG in cell.get("metadata", {}).get("tags", [])
 
 
+CODE_CELL = re.compile(r"(?ms)^```\{code-cell\}[^\n]*\n(.*?)^```[ \t]*$")
+# a cell's tags, in either form MyST takes for a code cell's options: `:tags: [a, b]` lines, or a
+# `---` YAML block holding `tags: [a, b]`
+OPTIONS_TAGS = re.compile(r"(?m)^(:tags:|tags:)[ \t]*\[([^\]\n]*)\]")
+
+
+def _options(body: str) -> str:
+    """The options part of a MyST code cell's body: its `---` YAML block, or its leading `:key:` lines."""
+    lines = body.split("\n")
+    if lines[0].strip() == "---":
+        return "\n".join(lines[:lines.index("---", 1) + 1])
+    return "\n".join(line for line in lines[:next((i for i, x in enumerate(lines) if not x.startswith(":")),
+                                                      len(lines))])
+
+
+def _tags_of(options: str) -> list[str]:
+    m = OPTIONS_TAGS.search(options)
+    return [t.strip() for t in m.group(2).split(",") if t.strip()] if m else []
+
+
+def cuda_cells(text: str) -> list:
+    """The code cells of a chapter's MyST source that are tagged `cuda`, as regex matches (group 1: body)."""
+    return [m for m in CODE_CELL.finditer(text) if TAG in _tags_of(_options(m.group(1)))]
+
+
 def skip_cuda_cells(text: str) -> str:
     """A chapter's MyST source with `skip-execution` added to every cell tagged `cuda`, if there is no CUDA."""
-    if not any(TAG in _tags(m) for m in TAGS_LINE.finditer(text)) or has_cuda():
+    cells = cuda_cells(text)
+    if not cells or has_cuda():
         return text
-
-    def add_skip(match):
-        tags = _tags(match)
-        if TAG in tags and SKIP_TAG not in tags:
-            tags.append(SKIP_TAG)
-        return f":tags: [{', '.join(tags)}]"
-
-    return TAGS_LINE.sub(add_skip, text)
-
-
-def _tags(match) -> list[str]:
-    return [t.strip() for t in match.group(1).split(",") if t.strip()]
+    pieces, last = [], 0
+    for m in cells:
+        body = m.group(1)
+        options = _options(body)
+        tags = _tags_of(options)
+        if SKIP_TAG not in tags:
+            key = OPTIONS_TAGS.search(options).group(1)
+            options_now = OPTIONS_TAGS.sub(f"{key} [{', '.join([*tags, SKIP_TAG])}]", options, count=1)
+            body = options_now + body[len(options):]
+        pieces += [text[last:m.start(1)], body]
+        last = m.end(1)
+    return "".join(pieces) + text[last:]
 
 
 def nbclient_skip_tag() -> str:
@@ -59,7 +84,6 @@ def nbclient_skip_tag() -> str:
 # says that too. Never blank, never invented.
 
 GPU_RUN_KEY = "gpu_run"
-CODE_CELL = re.compile(r"(?ms)^```\{code-cell\}[^\n]*\n(.*?)^```[ \t]*$")
 
 
 def _read_notebook(md):
@@ -130,7 +154,7 @@ def show_stored_gpu_outputs(text: str, md) -> str:
     """A chapter's MyST source with, below each cuda cell, its stored GPU outputs (or why there are
     none), if this machine has no CUDA. Markdown only: the execution cache keys on code cells, so the
     cache entries of a chapter are the same with or without these blocks."""
-    cells = [m for m in CODE_CELL.finditer(text) if TAG in _cell_tags(m.group(1))]
+    cells = cuda_cells(text)
     if not cells or has_cuda():
         return text
     nb = _read_notebook(md)
@@ -142,14 +166,6 @@ def show_stored_gpu_outputs(text: str, md) -> str:
         pieces += [text[last:m.end()], "\n\n", block, "\n"]
         last = m.end()
     return "".join(pieces) + text[last:]
-
-
-def _cell_tags(body: str) -> list[str]:
-    m = TAGS_LINE.search(body.split("\n\n", 1)[0])
-    if m:
-        return _tags(m)
-    yaml_tags = re.search(r"(?m)^tags:\s*\[([^\]\n]*)\]", body.split("\n---", 1)[0]) if body.startswith("---") else None
-    return [t.strip() for t in yaml_tags.group(1).split(",")] if yaml_tags else []
 
 
 def keep_stored_gpu_outputs(nb, old) -> None:

@@ -19,14 +19,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .book import REPO, chapters, warm_font_cache
-from .cuda import GPU_RUN_KEY, TAG, TAGS_LINE, _tags, is_cuda_cell
+from .cuda import GPU_RUN_KEY, SKIP_TAG, cuda_cells, is_cuda_cell
+from .refresh import execute
 
 TIME_GOAL_S = 8 * 60
 
 
 def cuda_chapters() -> list[Path]:
     """The chapters with at least one cell tagged `cuda`."""
-    return [md for md in chapters() if any(TAG in _tags(m) for m in TAGS_LINE.finditer(md.read_text(encoding="utf-8")))]
+    return [md for md in chapters() if cuda_cells(md.read_text(encoding="utf-8"))]
 
 
 def run_label(seconds: float) -> dict:
@@ -60,16 +61,6 @@ def store_gpu_outputs(reference, executed, label: dict) -> list[str]:
     return texts
 
 
-def run_chapter(md: Path):
-    import jupytext
-    from nbclient import NotebookClient
-    nb = jupytext.read(md)
-    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
-    NotebookClient(nb, timeout=TIME_GOAL_S, kernel_name="python3", record_timing=False,
-                   resources={"metadata": {"path": str(md.parent)}}).execute()
-    return nb
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bookbuild.gpu_run", description=__doc__.splitlines()[0])
     ap.add_argument("--copy-to", type=Path, help="also copy each updated .ipynb into this folder")
@@ -90,7 +81,7 @@ def main(argv=None) -> int:
         reference = nbformat.read(ipynb, as_version=4)
         print(f"{md.name}: executing every cell, the cuda cells included ...", flush=True)
         try:
-            executed = run_chapter(md)
+            executed = execute(md, SKIP_TAG, timeout=TIME_GOAL_S)  # the cuda cells included
         except Exception as e:  # a failing cell: say which and store nothing
             ap.exit(1, f"error: {md.name} failed on this GPU, nothing stored: {str(e).strip()[-2000:]}\n")
         try:

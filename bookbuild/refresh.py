@@ -16,16 +16,23 @@ from .book import chapters, warm_font_cache
 from .cuda import has_cuda, keep_stored_gpu_outputs, nbclient_skip_tag
 
 
-def refresh(md: Path) -> None:
+def execute(md: Path, skip_tag: str, timeout: int = 1800):
+    """The chapter's .md as a notebook, executed top to bottom in its folder, cells tagged skip_tag left out."""
     import jupytext
-    import nbformat
     from nbclient import NotebookClient
 
     nb = jupytext.read(md)
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
-    t0 = time.perf_counter()
-    NotebookClient(nb, timeout=1800, kernel_name="python3", skip_cells_with_tag=nbclient_skip_tag(),
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", skip_cells_with_tag=skip_tag,
                    record_timing=False, resources={"metadata": {"path": str(md.parent)}}).execute()
+    return nb
+
+
+def refresh(md: Path) -> None:
+    import nbformat
+
+    t0 = time.perf_counter()
+    nb = execute(md, nbclient_skip_tag())
     out = md.with_suffix(".ipynb")
     if not has_cuda() and out.is_file():  # the cuda cells did not run here: keep what a GPU run stored
         keep_stored_gpu_outputs(nb, nbformat.read(out, as_version=4))

@@ -142,6 +142,12 @@ def link_bytes_per_s(gpus: int, link_gb_s: float | None, gpus_per_node: int = DE
     return min(link_gb_s * 1e9, node_link_gbit * 1e9 / 8)
 
 
+def ring_all_reduce_bytes(nbytes: float, gpus: int) -> float:
+    """Bytes each of `gpus` GPUs sends in a ring all-reduce of `nbytes`: a reduce-scatter, then an
+    all-gather, each (N-1)/N of the message."""
+    return 2 * (gpus - 1) / gpus * nbytes
+
+
 def comm_bytes_per_step(n_params: float, gpus: int, scheme: str, layout: str = "autocast",
                         fp32_grads: bool = False, grad_accum: int = 1) -> float:
     """Bytes each GPU sends in one optimizer step, with ring collectives over `gpus` GPUs.
@@ -157,12 +163,12 @@ def comm_bytes_per_step(n_params: float, gpus: int, scheme: str, layout: str = "
         return 0.0
     per = memory.bytes_per_param(layout, fp32_grads)
     weights, grads = n_params * per["weights"], n_params * per["grads"]
-    share = (gpus - 1) / gpus
-    sent = {"ddp": 2 * grads,
-            "zero1": grads + weights,
-            "zero2": grad_accum * grads + weights,
-            "zero3": grad_accum * (2 * weights + grads)}
-    return share * sent[scheme]
+    half = ring_all_reduce_bytes(1, gpus) / 2  # a reduce-scatter or an all-gather: (N-1)/N of a message
+    sent = {"ddp": ring_all_reduce_bytes(grads, gpus),
+            "zero1": half * (grads + weights),
+            "zero2": half * (grad_accum * grads + weights),
+            "zero3": half * grad_accum * (2 * weights + grads)}
+    return sent[scheme]
 
 
 def max_micro_batch(shape: memory.Shape, n_params: float, gpus: int, scheme: str, memory_gb: float,

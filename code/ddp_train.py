@@ -370,10 +370,10 @@ def bench_all_reduce(sizes: list, repeats: int = 5, rounds: int = 10, warmup: in
 
 
 def ring_bytes(size: float, world: int) -> float:
-    """Bytes each rank sends in a ring all-reduce of `size` bytes of fp32: 2(N-1)/N · size, what
-    budget.py charges a DDP step for its fp32 gradients."""
+    """Bytes each rank sends in a ring all-reduce of `size` bytes: 2(N-1)/N · size, the formula budget.py
+    charges a DDP step with."""
     import budget
-    return budget.comm_bytes_per_step(size / 4, world, "ddp", fp32_grads=True)
+    return budget.ring_all_reduce_bytes(size, world)
 
 
 def fit_ring(sizes: list, seconds: list, world: int) -> tuple:

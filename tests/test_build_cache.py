@@ -103,3 +103,16 @@ def test_cuda_cells_get_skip_execution_only_without_cuda(monkeypatch):
     sphinx_ext.skip_cuda_cells_without_cuda(APP, "chapters/x", source)
     assert source[0] == SOURCE
     assert cuda.nbclient_skip_tag() != "cuda"
+
+
+def test_a_cuda_cell_with_yaml_options_is_skipped_too(monkeypatch):
+    """A cell whose options are a `---` YAML block (as a figure's alt text needs) is read the same way."""
+    monkeypatch.setattr(cuda, "has_cuda", lambda: False)
+    yaml_cell = "```{code-cell} ipython3\n---\ntags: [cuda]\nmystnb:\n  image:\n    alt: a figure\n---\nw = 4\n```\n"
+    source = [SOURCE + "\n" + yaml_cell]
+    sphinx_ext.skip_cuda_cells_without_cuda(APP, "chapters/x", source)
+    nb = read_myst_markdown_notebook(source[0])
+    last = [c for c in nb.cells if c.cell_type == "code"][-1]
+    assert last.metadata["tags"] == ["cuda", "skip-execution"] and last.source == "w = 4"
+    assert last.metadata["mystnb"] == {"image": {"alt": "a figure"}}
+    assert len(cuda.cuda_cells(SOURCE + yaml_cell)) == 3
