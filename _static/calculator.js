@@ -41,9 +41,9 @@
   const DEBOUNCE_MS = 150;
 
   const GLUE = `
-import contextlib, io, json, sys
+import json, sys
 sys.path.insert(0, "/calculator")
-import budget, gpus, memory
+import arguments, budget, gpus, memory
 
 def calculator_describe():
     parser = budget.build_parser()
@@ -62,16 +62,11 @@ def calculator_describe():
 
 def calculator_run(argv_json):
     argv = json.loads(argv_json)
-    out, err, code = io.StringIO(), io.StringIO(), 0
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                budget.main(argv)
-            except SystemExit as e:
-                code = e.code
-        if code not in (None, 0):  # what the command line would show on stderr: one line
-            return json.dumps(dict(argv=argv, ok=False, stdout="", error=err.getvalue().strip() or str(code), page=None))
-        return json.dumps(dict(argv=argv, ok=True, stdout=out.getvalue(), error="",
+        code, out, err = arguments.run_main(budget.main, argv)
+        if code != 0:  # what the command line would show on stderr: one line
+            return json.dumps(dict(argv=argv, ok=False, stdout="", error=err.strip() or str(code), page=None))
+        return json.dumps(dict(argv=argv, ok=True, stdout=out, error="",
                                page=budget.page(argv) if argv else None))
     except Exception as e:  # a bug in budget.py: the command line ends its traceback with this line
         return json.dumps(dict(argv=argv, ok=False, stdout="", error=f"{type(e).__name__}: {e}", page=None))

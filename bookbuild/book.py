@@ -39,13 +39,25 @@ def chapters() -> list[Path]:
     return [p for p in pages()[1:] if p.name[:2].isdigit() and p.name[2:3] == "_"]
 
 
+def title(md: Path) -> str:
+    """A page's title: its first level-1 heading, outside front matter and code."""
+    from markdown_it import MarkdownIt
+    from mdit_py_plugins.front_matter import front_matter_plugin
+    tokens = MarkdownIt("commonmark").use(front_matter_plugin).parse(md.read_text(encoding="utf-8"))
+    for token, content in zip(tokens, tokens[1:]):
+        if token.type == "heading_open" and token.tag == "h1" and token.level == 0:
+            return content.content.strip()
+    raise ValueError(f"{md.name} has no title: its first heading should be `# <title>`")
+
+
 def docname(md: Path) -> str:
     """The page's name in the built book: chapters/01_data_model.md -> chapters/01_data_model."""
     return md.relative_to(REPO).with_suffix("").as_posix()
 
 
 def chapter_number(md: Path) -> int:
-    """A chapter's number: its place in _toc.yml after the front page (chapter 1 is the first)."""
+    """A chapter's number: its place in _toc.yml after the front page (chapter 1 is the first). Its
+    file name starts with the same number (tests/test_chapter_checklist.py checks it)."""
     return chapters().index(md) + 1
 
 

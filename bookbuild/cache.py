@@ -6,7 +6,7 @@ they changed since it was filled.
 
 The tests fill the same cache: every chapter that nbval ran and found equal to its reference outputs is
 stored with the outputs nbval produced (nbval_hooks.py), under the key the build looks it up by (the
-chapter as the build reads it, after the cuda rule). So `pytest` followed by a build executes each
+chapter's code cells as the build reads them). So `pytest` followed by a build executes each
 chapter once, and the book shows the very outputs the tests checked.
 """
 import copy
@@ -15,7 +15,6 @@ import shutil
 from pathlib import Path
 
 from .book import REPO
-from .cuda import skip_cuda_cells
 
 BUILD = REPO / "_build"
 STAMP = BUILD / ".inputs-hash"                # inputs of the last successful HTML build
@@ -44,10 +43,10 @@ def execution_cache(digest: str):
 
 
 def as_the_build_reads(md: Path):
-    """The notebook myst-nb makes of a chapter's .md in a build (after the cuda rule's source-read hook):
-    the execution cache matches on its code cells' source and metadata."""
+    """The notebook myst-nb makes of a chapter's .md in a build: the execution cache matches on its
+    code cells' source and metadata (the source-read hook adds Markdown only)."""
     from myst_nb.core.read import read_myst_markdown_notebook
-    return read_myst_markdown_notebook(skip_cuda_cells(md.read_text(encoding="utf-8")))
+    return read_myst_markdown_notebook(md.read_text(encoding="utf-8"))
 
 
 def executed_notebook(run, nb):

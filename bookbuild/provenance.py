@@ -17,7 +17,6 @@ import datetime
 import platform
 import re
 import sys
-from pathlib import Path
 
 from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
@@ -85,19 +84,18 @@ def machine_text(record: dict, build_machine: dict) -> str:
             f"Python {record.get('python', '?')}，torch {record.get('torch', '?')}")
 
 
-def cuda_text(has_cuda_cells: bool, record: dict, stored: dict | None) -> str:
-    """What the page says about a chapter's cells tagged `cuda` ('' for a chapter without them)."""
+def cuda_text(has_cuda_cells: bool, stored: dict | None) -> str:
+    """What the page says about a chapter's cells tagged `cuda` ('' for a chapter without them): the
+    build never executes them (cuda.py), so they show a stored GPU run or nothing."""
     if not has_cuda_cells:
         return ""
-    if record.get("GPU"):
-        return f"CUDA 单元格：随本章在 {record['GPU']} 上执行。"
     if stored:
         return (f"CUDA 单元格：一次保存的 GPU 运行的输出（{stored.get('gpu', '?')}，{stored.get('date', '?')}，"
                 f"提交 {stored.get('commit', '?')}）。")
-    return "CUDA 单元格：没有执行（执行本章的机器没有 GPU），也还没有保存的 GPU 运行。"
+    return "CUDA 单元格：构建不执行它们（它们要在 GPU 上运行），也还没有保存的 GPU 运行。"
 
 
-def numbers_text(how: str, has_cuda_cells: bool, record: dict, stored: dict | None) -> str:
+def numbers_text(how: str, has_cuda_cells: bool, stored: dict | None) -> str:
     """Where a chapter's numbers come from."""
     if how in ("not executed", "failed"):
         own = "本页没有执行输出。"
@@ -105,7 +103,7 @@ def numbers_text(how: str, has_cuda_cells: bool, record: dict, stored: dict | No
         own = "来自这次构建的执行。"
     else:
         own = "来自左边这次较早的执行（此后代码和输入都没变）。"
-    return own + cuda_text(has_cuda_cells, record, stored)
+    return own + cuda_text(has_cuda_cells, stored)
 
 
 def build_machine() -> dict:
@@ -134,7 +132,7 @@ def chapter_rows(env, build_started: datetime.datetime) -> tuple[list[dict], dic
     store = get_cache(str(cache.CACHE))  # read only: bookbuild.cache.execution_cache may empty it
     machine = build_machine()
     rows = []
-    for number, md in enumerate(book.chapters(), start=1):
+    for md in book.chapters():
         docname = book.docname(md)
         exec_data = NbMetadataCollector.get_doc_data(env).get(docname, {}).get("exec_data")
         nb_read = cache.as_the_build_reads(md)
@@ -156,21 +154,14 @@ def chapter_rows(env, build_started: datetime.datetime) -> tuple[list[dict], dic
         has_cuda_cells = any(cuda.is_cuda_cell(c) for c in nb_read.cells)
         stored = cuda.stored_gpu_run(md) if has_cuda_cells else None
         rows.append({
-            "docname": docname, "title": _title(md, number), "how": HOW[how],
+            "docname": docname, "title": book.title(md), "how": HOW[how],
             "when": created.strftime(TIME_FORMAT) if created else "—",
             "seconds": f"{seconds:.0f} s" if seconds is not None else "—",
             "commit": record.get("git commit", "—"),
             "machine": machine_text(record, machine),
-            "numbers": numbers_text(how, has_cuda_cells, record, stored),
+            "numbers": numbers_text(how, has_cuda_cells, stored),
         })
     return rows, machine
-
-
-def _title(md: Path, number: int) -> str:
-    for line in md.read_text(encoding="utf-8").splitlines():
-        if line.startswith("# "):
-            return line[2:].strip()
-    return f"第{number}章"
 
 
 # ---- Sphinx ----

@@ -4,8 +4,8 @@
     python -m bookbuild.refresh 02_speed.md       # one chapter (a name in chapters/ or a path)
 
 Run it after editing a chapter's .md (or code/ it imports); nbval then checks the stored outputs.
-Without CUDA the cells tagged `cuda` do not run, and keep the outputs a GPU run stored for them
-(bookbuild/gpu_run.py) as long as their code is unchanged.
+The cells tagged `cuda` do not run (their `skip-execution` tag), and keep the outputs a GPU run stored
+for them (bookbuild/gpu_run.py) as long as their code is unchanged.
 """
 import argparse
 import sys
@@ -13,17 +13,21 @@ import time
 from pathlib import Path
 
 from .book import chapters, warm_font_cache
-from .cuda import has_cuda, keep_stored_gpu_outputs, nbclient_skip_tag
+from .cuda import SKIP_TAG, is_cuda_cell, keep_stored_gpu_outputs
 
 
-def execute(md: Path, skip_tag: str, timeout: int = 1800):
-    """The chapter's .md as a notebook, executed top to bottom in its folder, cells tagged skip_tag left out."""
+def execute(md: Path, timeout: int = 1800, cuda_cells: bool = False):
+    """The chapter's .md as a notebook, executed top to bottom in its folder; cells tagged
+    `skip-execution` are left out, except the cuda cells when cuda_cells is true (gpu_run.py)."""
     import jupytext
     from nbclient import NotebookClient
 
     nb = jupytext.read(md)
+    for cell in nb.cells if cuda_cells else []:
+        if is_cuda_cell(cell) and SKIP_TAG in cell.metadata.tags:
+            cell.metadata.tags.remove(SKIP_TAG)
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", skip_cells_with_tag=skip_tag,
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", skip_cells_with_tag=SKIP_TAG,
                    record_timing=False, resources={"metadata": {"path": str(md.parent)}}).execute()
     return nb
 
@@ -32,9 +36,9 @@ def refresh(md: Path) -> None:
     import nbformat
 
     t0 = time.perf_counter()
-    nb = execute(md, nbclient_skip_tag())
+    nb = execute(md)
     out = md.with_suffix(".ipynb")
-    if not has_cuda() and out.is_file():  # the cuda cells did not run here: keep what a GPU run stored
+    if out.is_file():  # the cuda cells did not run: keep what a GPU run stored
         keep_stored_gpu_outputs(nb, nbformat.read(out, as_version=4))
     tmp = out.with_suffix(".ipynb.tmp")
     nbformat.write(nb, tmp)

@@ -1,9 +1,8 @@
 """Small additions to what Jupyter Book 1.0 does with the book; _config.yml loads this extension.
 
-- The cuda-cell rule as the build reads a page: without CUDA, cells tagged `cuda` get `skip-execution`,
-  so the build leaves them without output instead of failing (cuda.py; nbval skips the same cells), and
-  below each such cell the page shows the outputs of the last real GPU run stored in the chapter's
-  .ipynb, labelled with the GPU, date and commit, or says that there is none.
+- Below each cell tagged `cuda`, which the build does not execute (its static `skip-execution` tag,
+  cuda.py), the page shows the outputs of the last real GPU run stored in the chapter's .ipynb,
+  labelled with the GPU, date and commit, or says that there is none.
 - A page loads with no console errors: sphinx-thebe adds its inline configuration script once per
   `env-before-read-docs`, which fires more than once in a Jupyter Book build; the second copy
   redeclares a `const` and throws in the browser. Keep the first of any identical scripts.
@@ -11,12 +10,12 @@
 - The provenance page's table (provenance.py): how, when and where each chapter was executed.
 """
 from . import provenance, pyodide
-from .cuda import show_stored_gpu_outputs, skip_cuda_cells
+from .cuda import show_stored_gpu_outputs
 
 
-def skip_cuda_cells_without_cuda(app, docname, source):
-    """source-read: the page's source after the cuda rule."""
-    source[0] = show_stored_gpu_outputs(skip_cuda_cells(source[0]), app.env.doc2path(docname))
+def show_stored_gpu_outputs_as_read(app, docname, source):
+    """source-read: the page's source with the stored GPU outputs below its cuda cells."""
+    source[0] = show_stored_gpu_outputs(source[0], app.env.doc2path(docname))
 
 
 def dedupe_scripts(app, pagename, templatename, context, doctree):
@@ -31,7 +30,7 @@ def dedupe_scripts(app, pagename, templatename, context, doctree):
 
 
 def setup(app):
-    app.connect("source-read", skip_cuda_cells_without_cuda)
+    app.connect("source-read", show_stored_gpu_outputs_as_read)
     app.connect("html-page-context", dedupe_scripts, priority=900)
     pyodide.setup(app)  # chapter 7's calculator: Pyodide and budget.py in _static
     provenance.setup(app)  # the provenance page's table

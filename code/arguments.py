@@ -1,13 +1,20 @@
 """Command-line arguments as every script of the book takes them: a wrong setting is one line on stderr.
 
-Parser, number, positive, positive_int and fail give the same kind of message in every script (exit 2
-for a bad argument, 1 for any other refusal), never a usage block or a traceback. Pure Python, no
-torch: budget.py runs in the browser (chapter 7's calculator, under Pyodide) with these.
+Parser, number, positive, positive_int and fail give the same kind of message in every script, never a
+usage block or a traceback, and the same exit status: BAD_ARGUMENT (2, argparse's own) for a bad
+argument, REFUSED (1) for any other refusal. run_main runs a script's main as its command line would,
+capturing what it prints. Pure Python, no torch: budget.py runs in the browser (chapter 7's
+calculator, under Pyodide) with these.
 """
 import argparse
+import contextlib
+import io
 import math
 import re
 import sys
+
+BAD_ARGUMENT = 2  # what argparse exits with for a usage error, and fail() for any other bad argument
+REFUSED = 1       # anything else a script refuses to do: no corpus, no GPU, a failed run
 
 
 class Parser(argparse.ArgumentParser):
@@ -15,9 +22,24 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def fail(message: str):
-    """Stop the script with one line on stderr, `error: message`, and exit status 1."""
-    sys.exit(f"error: {message}")
+def fail(message: str, status: int = BAD_ARGUMENT):
+    """Stop the script with one line on stderr, `error: message`, and exit status 2 (a bad argument), or
+    REFUSED for a refusal that no argument can fix."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(status)
+
+
+def run_main(main, argv: list) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of main(argv), as its command line would show them."""
+    out, err, status = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(argv)
+        except SystemExit as e:  # what the interpreter does with it: a number is the status, text goes to stderr
+            if isinstance(e.code, str):
+                print(e.code, file=sys.stderr)
+            status = e.code if isinstance(e.code, int) else 0 if e.code is None else REFUSED
+    return status, out.getvalue(), err.getvalue()
 
 
 def number(text: str) -> float:

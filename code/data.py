@@ -158,6 +158,16 @@ def load_tokens(corpus_path: Path = CORPUS_PATH) -> Tokens:
         vocab_size=TOKENIZER_SETTINGS["vocab_size"], eos_id=TOKENIZER_SETTINGS["eos_id"])
 
 
+def load_tokens_or_exit(corpus_path: Path = CORPUS_PATH) -> Tokens:
+    """load_tokens() for a script: a missing or broken corpus ends it with one sentence on stderr and
+    exit status 1, not a traceback."""
+    try:
+        return load_tokens(corpus_path)
+    except CorpusError as e:
+        from arguments import REFUSED, fail
+        fail(str(e), REFUSED)
+
+
 def get_batch(tokens: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator):
     """Random windows of seq_len+1 tokens: inputs x and next-token targets y, each (batch, seq_len).
 

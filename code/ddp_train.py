@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from data import CorpusError, get_batch, load_tokens  # noqa: E402
+from data import get_batch, load_tokens_or_exit  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from script_support import (Parser, accumulate_gradients, fail, mean_across_ranks, number,  # noqa: E402
                             process_group, save_atomic, set_lr)
@@ -222,10 +222,7 @@ def main(argv=None):
 def run(args, rank: int, world: int):
     log = print if rank == 0 else (lambda *a, **k: None)
     rows = local_rows(args, rank, world)
-    try:
-        tokens = load_tokens().train
-    except CorpusError as e:
-        fail(str(e))
+    tokens = load_tokens_or_exit().train
 
     cfg = GPTConfig(d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head, seq_len=args.seq_len)
     torch.manual_seed(args.seed)  # same initial weights on every rank (FSDP2 does not broadcast them)
@@ -312,10 +309,7 @@ def show_data_order(args, rank: int, world: int, n_windows: int = 16, epochs: in
     """For three ways to load a map-style dataset, the window indices each rank reads, epoch by
     epoch; rank 0 prints them and, with --out, saves {scheme: [[rank 0's order, ...] per epoch]}."""
     from torch.utils.data import DataLoader, DistributedSampler
-    try:
-        tokens = load_tokens().train
-    except CorpusError as e:
-        fail(str(e))
+    tokens = load_tokens_or_exit().train
     data = Windows(tokens[: n_windows * args.seq_len + 1], args.seq_len)
     torch.manual_seed(args.seed)  # every rank seeds alike, as it must for identical initial weights
     orders = {}

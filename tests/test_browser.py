@@ -42,10 +42,7 @@ def toc_pages():
 
 
 def page_title(docname):
-    for line in (REPO / f"{docname}.md").read_text(encoding="utf-8").splitlines():
-        if line.startswith("# "):
-            return line[2:].strip()
-    raise AssertionError(f"{docname}.md has no title")
+    return book.title(REPO / f"{docname}.md")
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):

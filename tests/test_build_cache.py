@@ -1,13 +1,16 @@
-"""How the book build avoids executing a chapter twice, and keeps CUDA cells off machines without CUDA.
+"""How the book build avoids executing a chapter twice, and never executes a CUDA cell.
 
 - nbval's outputs are stored in the book's execution cache under a key that the build finds from
   the chapter's .md (bookbuild/cache.py, bookbuild/nbval_hooks.py); a failed or partial run is not stored.
-- bookbuild/cuda.py adds `skip-execution` to cells tagged `cuda` when there is no CUDA, in the source
-  the build reads (bookbuild/sphinx_ext.py).
+- A cell tagged `cuda` carries `skip-execution` and `nbval-skip` (bookbuild/cuda.py): the build's
+  executor, the refresh and nbval each leave it unexecuted; only bookbuild.gpu_run runs it.
 """
 import copy
+import subprocess
+import sys
 from types import SimpleNamespace
 
+import jupytext
 import nbformat
 import pytest
 from jupyter_cache import get_cache
@@ -16,7 +19,7 @@ from myst_nb.core.config import NbParserConfig
 from myst_nb.core.read import create_nb_reader, read_myst_markdown_notebook
 from myst_parser.config.main import MdParserConfig
 
-from bookbuild import cache, cuda, sphinx_ext
+from bookbuild import cache, refresh, sphinx_ext
 from bookbuild.book import REPO
 
 
@@ -29,8 +32,7 @@ APP = SimpleNamespace(env=SimpleNamespace(doc2path=lambda docname: REPO / f"{doc
 
 
 @pytest.mark.parametrize("chapter", ["02_speed", "06_gpu"])
-def test_the_build_finds_a_chapter_that_nbval_ran(tmp_path, chapter, monkeypatch):
-    monkeypatch.setattr(cuda, "has_cuda", lambda: False)
+def test_the_build_finds_a_chapter_that_nbval_ran(tmp_path, chapter):
     ipynb = nbformat.read(REPO / "chapters" / f"{chapter}.ipynb", as_version=4)
     outputs = {id(c): c.outputs for c in ipynb.cells if c.cell_type == "code"}
     md_path = REPO / "chapters" / f"{chapter}.md"
@@ -39,7 +41,7 @@ def test_the_build_finds_a_chapter_that_nbval_ran(tmp_path, chapter, monkeypatch
     store.cache_notebook_bundle(CacheBundleIn(done, str(md_path)), check_validity=False, overwrite=True)
     # what myst-nb reads in a build: the page's source after the book's source-read hook
     source = [md_path.read_text(encoding="utf-8")]
-    sphinx_ext.skip_cuda_cells_without_cuda(APP, f"chapters/{chapter}", source)
+    sphinx_ext.show_stored_gpu_outputs_as_read(APP, f"chapters/{chapter}", source)
     reader = create_nb_reader(str(md_path), MdParserConfig(), NbParserConfig(), source[0])
     assert store.match_cache_notebook(reader.read(source[0])) is not None
     edited = reader.read(source[0].replace("```{code-cell} ipython3\n", "```{code-cell} ipython3\n# edited\n", 2))
@@ -68,51 +70,58 @@ def test_only_a_complete_passing_nbval_run_becomes_an_executed_notebook():
     assert cache.executed_notebook(_run(nb, full), other) is None  # not the cells nbval ran
 
 
-SOURCE = """```{code-cell} ipython3
-:tags: [cuda]
-x = 1
+# ---- the cuda rule: static tags that every executor honours ----
+
+CUDA_CHAPTER = """\
+---
+jupytext:
+  text_representation:
+    extension: .md
+    format_name: myst
+    format_version: 0.13
+kernelspec:
+  display_name: Python 3
+  language: python
+  name: python3
+---
+# A chapter
+
+```{code-cell} ipython3
+print("a CPU cell ran")
 ```
 
 ```{code-cell} ipython3
-:tags: [remove-cell]
-y = 2
-```
-
-```{code-cell} ipython3
-:tags: [hide-input, cuda]
-z = 3
+:tags: [cuda, skip-execution, nbval-skip]
+raise RuntimeError("a cuda cell ran")
 ```
 """
 
 
-def test_cuda_cells_get_skip_execution_only_without_cuda(monkeypatch):
-    monkeypatch.setattr(cuda, "has_cuda", lambda: False)
-    source = [SOURCE]
-    sphinx_ext.skip_cuda_cells_without_cuda(APP, "chapters/x", source)
-    assert ":tags: [cuda, skip-execution]" in source[0]
-    assert ":tags: [hide-input, cuda, skip-execution]" in source[0]
-    assert ":tags: [remove-cell]" in source[0]
-    nb = read_myst_markdown_notebook(source[0])
-    assert [c.metadata.get("tags") for c in nb.cells if c.cell_type == "code"] == [
-        ["cuda", "skip-execution"], ["remove-cell"], ["hide-input", "cuda", "skip-execution"]]
-    assert [cuda.is_cuda_cell(c) for c in nb.cells if c.cell_type == "code"] == [True, False, True]
-    assert cuda.nbclient_skip_tag() == "cuda"  # the refresh leaves them unexecuted too
-
-    monkeypatch.setattr(cuda, "has_cuda", lambda: True)
-    source = [SOURCE]
-    sphinx_ext.skip_cuda_cells_without_cuda(APP, "chapters/x", source)
-    assert source[0] == SOURCE
-    assert cuda.nbclient_skip_tag() != "cuda"
+def outputs_of(nb):
+    return ["".join(o.get("text", "") for o in c.outputs) for c in nb.cells if c.cell_type == "code"]
 
 
-def test_a_cuda_cell_with_yaml_options_is_skipped_too(monkeypatch):
-    """A cell whose options are a `---` YAML block (as a figure's alt text needs) is read the same way."""
-    monkeypatch.setattr(cuda, "has_cuda", lambda: False)
-    yaml_cell = "```{code-cell} ipython3\n---\ntags: [cuda]\nmystnb:\n  image:\n    alt: a figure\n---\nw = 4\n```\n"
-    source = [SOURCE + "\n" + yaml_cell]
-    sphinx_ext.skip_cuda_cells_without_cuda(APP, "chapters/x", source)
-    nb = read_myst_markdown_notebook(source[0])
-    last = [c for c in nb.cells if c.cell_type == "code"][-1]
-    assert last.metadata["tags"] == ["cuda", "skip-execution"] and last.source == "w = 4"
-    assert last.metadata["mystnb"] == {"image": {"alt": "a figure"}}
-    assert len(cuda.cuda_cells(SOURCE + yaml_cell)) == 3
+def test_the_build_does_not_execute_a_cuda_cell(tmp_path):
+    """The notebook myst-nb reads, executed as the build's execution cache executes it."""
+    from jupyter_cache.executors.utils import single_nb_execution
+    nb = read_myst_markdown_notebook(CUDA_CHAPTER)
+    result = single_nb_execution(nb, cwd=str(tmp_path), timeout=120, allow_errors=False)
+    assert result.err is None and outputs_of(nb) == ["a CPU cell ran\n", ""]
+
+
+def test_the_refresh_does_not_execute_a_cuda_cell_and_the_gpu_run_does(tmp_path):
+    from nbclient.exceptions import CellExecutionError
+    md = tmp_path / "09_x.md"
+    md.write_text(CUDA_CHAPTER, encoding="utf-8")
+    assert outputs_of(refresh.execute(md, timeout=120)) == ["a CPU cell ran\n", ""]
+    with pytest.raises(CellExecutionError, match="a cuda cell ran"):
+        refresh.execute(md, timeout=120, cuda_cells=True)  # what bookbuild.gpu_run executes
+
+
+@pytest.mark.slow  # a second pytest with nbval: about 30 s on a loaded 2-core machine
+def test_nbval_skips_a_cuda_cell(tmp_path):
+    nb = tmp_path / "x.ipynb"
+    nbformat.write(jupytext.reads(CUDA_CHAPTER, fmt="md:myst"), nb)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--nbval", "-q", nb.name],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "1 passed, 1 skipped" in r.stdout, r.stdout + r.stderr

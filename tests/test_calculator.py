@@ -10,8 +10,6 @@ that the numbers it drew are budget.page's.
 
 Needs Debian's chromium, like tests/test_browser.py (whose build-and-serve fixture it uses).
 """
-import contextlib
-import io
 import json
 import random
 import shlex
@@ -24,6 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_browser import browser, site  # noqa: E402,F401  (fixtures: the strict build, served; chromium)
 
+import arguments  # noqa: E402
 import budget  # noqa: E402
 from gpus import CATALOG  # noqa: E402
 import memory  # noqa: E402
@@ -48,13 +47,7 @@ def argv_of(config: dict) -> list:
 
 def cli(argv: list) -> tuple:
     """(exit status, stdout, stderr) of budget.main(argv), as the command line would show them."""
-    out, err, code = io.StringIO(), io.StringIO(), 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            budget.main(argv)
-        except SystemExit as e:
-            code = e.code
-    return code or 0, out.getvalue(), err.getvalue()
+    return arguments.run_main(budget.main, argv)
 
 
 def shape_config(rng: random.Random) -> dict:

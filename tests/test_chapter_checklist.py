@@ -5,35 +5,28 @@ checked here, with a message saying exactly what to add where. Every chapter aft
 - starts with the hidden setup cell (its text is bookbuild.book.setup_cell_source());
 - has a row in the front page's table of chapters that links to it;
 - has a paired .ipynb with reference outputs (python -m bookbuild.refresh NN_name.md);
-- has its own section in tests/nbval_sanitize.cfg, even if it is empty.
-A page whose file name does not start with a chapter number (chapters/glossary.md) is a plain page:
+- has its own section in tests/nbval_sanitize.cfg, even if it is empty;
+- has a file name that starts with its number, its place in _toc.yml (bookbuild.book.chapter_number);
+- tags each cell that needs CUDA with all of bookbuild.cuda.TAGS, in its .md and its .ipynb.
+Every page has a title (its first `# ` heading, bookbuild.book.title). A page whose file name does not
+start with a chapter number (chapters/glossary.md) is a plain page:
 Markdown without code, after the last chapter in _toc.yml, with a row in the front page's table.
 """
 import os
 import re
 
 import jupytext
+import nbformat
 import pytest
 
-from bookbuild import book
+from bookbuild import book, cuda
 
-
-def is_plain_page(md):
-    """A chapter's file name starts with its number (01_data_model.md); a plain page's does not."""
-    return not md.name[:2].isdigit()
-
-
-CHAPTERS = [md for md in book.pages()[1:] if not is_plain_page(md)]
-PLAIN_PAGES = [md for md in book.pages()[1:] if is_plain_page(md)]
+CHAPTERS = book.chapters()
+PLAIN_PAGES = [md for md in book.pages()[1:] if md not in CHAPTERS]
 
 
 def rel(path):
     return path.relative_to(book.REPO).as_posix()
-
-
-def title(md):
-    return next((line[2:].strip() for line in md.read_text(encoding="utf-8").splitlines()
-                 if line.startswith("# ")), md.stem)
 
 
 def test_the_toc_lists_chapters_that_exist():
@@ -69,7 +62,7 @@ def test_front_page_table_links_to_the_chapter(md):
     link = os.path.relpath(md, book.front().parent).replace(os.sep, "/")
     assert link in front_links(), (
         f"the table of chapters in {rel(book.front())} has no row for {rel(md)}; add one, in _toc.yml's "
-        f"order:\n| [{title(md)}]({link}) | <what the chapter covers> |")
+        f"order:\n| [{book.title(md)}]({link}) | <what the chapter covers> |")
 
 
 def test_front_page_table_follows_the_toc():
@@ -87,6 +80,32 @@ def test_plain_page_is_markdown_after_the_chapters(md):
         "a chapter's file is named NN_name.md; a plain page (like the glossary) has no code")
     assert book.pages()[1:].index(md) > book.pages()[1:].index(CHAPTERS[-1]), (
         f"list {rel(md)} after the last chapter in _toc.yml: chapter numbers count the pages before them")
+
+
+@pytest.mark.parametrize("md", book.pages(), ids=lambda p: p.name)
+def test_page_has_a_title(md):
+    assert book.title(md)  # raises, saying what to add, when there is none
+
+
+@pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
+def test_chapter_file_name_starts_with_its_number(md):
+    number = book.chapter_number(md)
+    assert int(md.name[:2]) == number, (
+        f"{rel(md)} is chapter {number} in _toc.yml: name it {number:02d}_{md.name[3:]} (or move it in _toc.yml)")
+
+
+@pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
+def test_cuda_cells_carry_the_tags_that_keep_them_off_a_cpu(md):
+    ipynb = md.with_suffix(".ipynb")
+    notebooks = [(rel(md), jupytext.read(md))] + ([(rel(ipynb), nbformat.read(ipynb, as_version=4))]
+                                                   if ipynb.is_file() else [])
+    for name, nb in notebooks:
+        for cell in nb.cells:
+            tags = cell.metadata.get("tags", [])
+            missing = [t for t in cuda.TAGS if t not in tags]
+            assert not cuda.is_cuda_cell(cell) or not missing, (
+                f"a cell of {name} is tagged `cuda` but lacks {missing}: tag it [{', '.join(cuda.TAGS)}], so that "
+                f"neither the build, the refresh nor nbval runs it on a machine without a GPU:\n{cell.source[:200]}")
 
 
 @pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
@@ -142,7 +161,7 @@ def glue_keys(md):
 
 @pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
 def test_glue_keys_carry_the_chapter_prefix(md):
-    prefix = f"ch{int(md.name[:2])}_"
+    prefix = f"ch{book.chapter_number(md)}_"
     wrong = [line for _, start, line in glue_keys(md) if not start.startswith(prefix)]
     assert not wrong, f"{rel(md)}: glue keys must start with {prefix!r} (the chapter's number): {wrong}"
 

@@ -137,7 +137,7 @@ def test_bench_all_reduce_times_every_size_on_two_ranks(tmp_path):
 
 def test_bench_all_reduce_needs_two_processes(tmp_path):
     p, _ = run(tmp_path, ["--bench-all-reduce"])
-    assert p.returncode == 1 and p.stderr.strip().startswith("error: --bench-all-reduce needs at least 2 processes")
+    assert p.returncode == 2 and p.stderr.strip().startswith("error: --bench-all-reduce needs at least 2 processes")
 
 
 @pytest.mark.parametrize("text", ["4k,6", "0", "4k,x"])

@@ -1,11 +1,12 @@
 """Stored GPU outputs: a GPU run stores the cuda cells' outputs (bookbuild/gpu_run.py), the refresh keeps
-them, and a build without CUDA shows them below their cells, labelled, or says why it cannot."""
+them, and the build shows them below their cells, labelled, or says why it cannot."""
 import subprocess
 import sys
 
 import jupytext
 import nbformat
 import pytest
+import torch
 
 from bookbuild import cuda, gpu_run
 from bookbuild.book import REPO
@@ -18,16 +19,21 @@ x = 1
 ```
 
 ```{code-cell} ipython3
-:tags: [cuda]
+:tags: [cuda, skip-execution, nbval-skip]
 print("tokens/s", 123)
 ```
 
 Between.
 
-```{code-cell} ipython3
-:tags: [cuda]
-print("second")
-```
+````{code-cell} ipython3
+---
+tags: [cuda, skip-execution, nbval-skip]
+mystnb:
+  image:
+    alt: a figure
+---
+print("second")  # a cell with a YAML block of options, in a four-backtick fence
+````
 """
 LABEL = {"gpu": "NVIDIA H200", "gpu_count": 1, "date": "2026-11-30", "commit": "abc1234"}
 
@@ -37,8 +43,7 @@ def stream(text):
 
 
 @pytest.fixture
-def chapter(tmp_path, monkeypatch):
-    monkeypatch.setattr(cuda, "has_cuda", lambda: False)
+def chapter(tmp_path):
     md = tmp_path / "09_x.md"
     md.write_text(CHAPTER, encoding="utf-8")
     nb = jupytext.reads(CHAPTER, fmt="md:myst")
@@ -93,10 +98,10 @@ def test_backticks_in_an_output_do_not_break_the_block(chapter):
     assert "````text\na ``` b\n````" in shown
 
 
-def test_with_cuda_the_source_is_left_alone(chapter, monkeypatch):
-    store(chapter, gpu_executed(chapter))
-    monkeypatch.setattr(cuda, "has_cuda", lambda: True)
-    assert cuda.show_stored_gpu_outputs(CHAPTER, chapter) == CHAPTER
+def test_a_chapter_without_cuda_cells_is_left_alone(tmp_path):
+    md = tmp_path / "09_x.md"
+    plain = CHAPTER.split("```{code-cell} ipython3\n:tags: [cuda")[0]
+    assert cuda.show_stored_gpu_outputs(plain, md) == plain
 
 
 def test_a_refresh_without_cuda_keeps_the_stored_outputs(chapter):
@@ -124,7 +129,7 @@ def test_the_book_has_one_chapter_with_cuda_cells_and_its_cells_match_its_ipynb(
     assert in_md and in_md == [s for s, _ in cuda.stored_cuda_outputs(ipynb)]
 
 
-@pytest.mark.skipif(cuda.has_cuda(), reason="this machine has CUDA")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_the_gpu_run_without_cuda_is_one_sentence():
     r = subprocess.run([sys.executable, "-m", "bookbuild.gpu_run"], cwd=REPO, capture_output=True, text=True,
                        timeout=120)

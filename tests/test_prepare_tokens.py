@@ -47,14 +47,15 @@ def test_bad_utf8_is_one_sentence_and_leaves_no_output(tmp_path, capsys):
     out = tmp_path / "out.bin"
     with pytest.raises(SystemExit) as e:
         main([str(bad), "--out", str(out)])
-    assert "not valid UTF-8" in str(e.value.code) and "bad.txt" in str(e.value.code)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "not valid UTF-8" in err and "bad.txt" in err
     assert not out.exists() and not (tmp_path / "out.bin.tmp").exists()
 
 
-def test_missing_input_and_bad_chunk_are_errors(tmp_path):
+def test_missing_input_and_bad_chunk_are_errors(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path / "nope.txt"), "--out", str(tmp_path / "o.bin")])
-    assert "does not exist" in str(e.value.code)
+    assert e.value.code == 2 and "does not exist" in capsys.readouterr().err
     (tmp_path / "x.txt").write_text("x\n", encoding="utf-8")
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path / "x.txt"), "--out", str(tmp_path / "o.bin"), "--chunk-chars", "0"])

@@ -67,18 +67,17 @@ def test_machine_text_names_another_machine():
 
 def test_cuda_text():
     stored = {"gpu": "NVIDIA H200", "date": "2026-11-30", "commit": "abc1234"}
-    assert provenance.cuda_text(False, {}, stored) == ""  # a chapter without CUDA cells says nothing of GPUs
-    assert "没有保存的 GPU 运行" in provenance.cuda_text(True, {}, None)
-    text = provenance.cuda_text(True, {}, stored)
+    assert provenance.cuda_text(False, stored) == ""  # a chapter without CUDA cells says nothing of GPUs
+    assert "没有保存的 GPU 运行" in provenance.cuda_text(True, None)
+    text = provenance.cuda_text(True, stored)
     assert all(v in text for v in stored.values()) and "保存的 GPU 运行" in text
-    assert "2 × NVIDIA H100" in provenance.cuda_text(True, {"GPU": "2 × NVIDIA H100"}, None)
 
 
 def test_numbers_text_says_which_execution():
-    assert provenance.numbers_text("build", False, {}, None) == "来自这次构建的执行。"
-    assert "较早" in provenance.numbers_text("nbval", False, {}, None)
-    assert "GPU" not in provenance.numbers_text("earlier build", False, {}, None)
-    assert "没有执行输出" in provenance.numbers_text("not executed", True, {}, None)
+    assert provenance.numbers_text("build", False, None) == "来自这次构建的执行。"
+    assert "较早" in provenance.numbers_text("nbval", False, None)
+    assert "GPU" not in provenance.numbers_text("earlier build", False, None)
+    assert "没有执行输出" in provenance.numbers_text("not executed", True, None)
 
 
 def test_stored_gpu_run(tmp_path):
@@ -93,3 +92,13 @@ def test_stored_gpu_run(tmp_path):
     nbformat.write(nb, md.with_suffix(".ipynb"))
     assert cuda.stored_gpu_run(md) == run
     assert json.loads(md.with_suffix(".ipynb").read_text())["metadata"]["gpu_run"] == run
+
+
+def test_a_page_title_is_its_first_level_one_heading_outside_code(tmp_path):
+    md = tmp_path / "09_x.md"
+    md.write_text("---\nkernelspec:\n  name: python3\n---\n\n```{code-cell} ipython3\n# a comment, not a title\n```\n\n"
+                  "## a section\n\n# 第9章　标题\n\n# 另一个一级标题\n", encoding="utf-8")
+    assert book.title(md) == "第9章　标题"
+    md.write_text("## only a section\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="has no title"):
+        book.title(md)

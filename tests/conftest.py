@@ -1,0 +1,38 @@
+"""Which tests are slow, decided here: `python -m pytest -m "not slow"` is the fast path (the unit tests
+of code/ and bookbuild/, about two minutes on two cores); `python -m pytest` runs everything.
+
+Slow: every nbval item (each re-executes a chapter's cell), the tests of the modules below, which
+drive headless Chromium, build the book or start processes that import torch and train, and a single
+test marked `@pytest.mark.slow` in a module that is otherwise fast.
+"""
+from pathlib import Path
+
+import pytest
+
+SLOW_MODULES = {
+    "test_browser": "drives headless Chromium over the built book (builds it first)",
+    "test_calculator": "drives headless Chromium over chapter 7's calculator",
+    "test_search_index": "builds a two-page book",
+    "test_ddp": "starts two processes with torch.distributed.run",
+    "test_train_gpu": "runs train_gpu.py, on two processes too, and kills and resumes it",
+    "test_launch": "clones the book and runs the setup cell in a fresh process",
+}
+
+
+def pytest_configure(config):
+    missing = [name for name in SLOW_MODULES if not (Path(__file__).parent / f"{name}.py").is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py: SLOW_MODULES names tests that do not exist: {missing}")
+
+
+def is_slow(item) -> bool:
+    if getattr(item, "cell", None) is not None:  # nbval's item: one cell of a chapter
+        return True
+    module = getattr(item, "module", None)
+    return module is not None and module.__name__.rpartition(".")[2] in SLOW_MODULES
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if is_slow(item):
+            item.add_marker(pytest.mark.slow)
