@@ -2,29 +2,34 @@
 
     python -m bookbuild.build [--strict]            # build _build/html (what README's command 1 runs)
     python -m bookbuild.refresh [NN_name.md ...]    # re-execute chapters into their paired .ipynb
+    python -m bookbuild.gpu_run [--copy-to DIR]     # on a GPU: run the cuda cells, store their outputs
 
 What lives where:
 
 - book.py        the book as _toc.yml and _config.yml describe it: the front page and the chapters
-                 (paths of their .md files), and what every chapter must carry (the hidden setup
-                 cell, a row in the front page's table, a paired .ipynb, a sanitizer section);
+                 (paths of their .md files), a chapter's number (its place in _toc.yml) and a page's
+                 title, and what every chapter must carry (the hidden setup cell, a row in the front
+                 page's table, a paired .ipynb, a sanitizer section);
                  tests/test_chapter_checklist.py checks each chapter against it.
-- cuda.py        the cuda-cell rule: cells tagged `cuda` execute only where CUDA exists; the
-                 stored GPU run a chapter's .ipynb may hold (stored_gpu_run).
+- cuda.py        the cuda-cell rule: cells tagged `cuda` also carry `skip-execution` and
+                 `nbval-skip`, so the build, the refresh and nbval never execute them; the GPU run a
+                 chapter's .ipynb may store for them, and how the page shows it.
 - cache.py       the build's inputs hash, the execution cache it keys, and the notebook a chapter's
                  .md becomes in a build, with the outputs nbval produced for it.
-- nbval_hooks.py the pytest hooks that chapters/conftest.py imports: skip CUDA cells without CUDA,
-                 and hand each chapter that passed nbval to the execution cache.
+- nbval_hooks.py the pytest hook that chapters/conftest.py imports: hand each chapter that passed
+                 nbval to the execution cache.
 - build.py       the book build (`python -m bookbuild.build`).
 - refresh.py     the reference-output refresh (`python -m bookbuild.refresh`).
+- gpu_run.py     the GPU run (`python -m bookbuild.gpu_run`): on a machine with CUDA, execute the
+                 cuda cells and store their outputs, labelled, in the chapter's .ipynb.
 - pyodide.py     chapter 7's calculator: the pinned Pyodide (npm package, version and integrity), fetched
                  and cached under _build/, and budget.py with the modules it imports, copied from code/
                  into the HTML's _static/ at every build.
-- sphinx_ext.py  the Sphinx extension that _config.yml loads: the cuda rule as the build reads a
-                 page, the HTML fix that drops a duplicated script, the calculator's static files and
+- sphinx_ext.py  the Sphinx extension that _config.yml loads: the stored GPU outputs below the
+                 cuda cells as the build reads a page, the HTML fix that drops a duplicated script, the calculator's static files and
                  provenance.py's directive.
 - provenance.py  the provenance page's table (chapters/provenance.md): how, when, where and how long
                  each chapter was executed, from myst-nb's execution data and the execution cache.
 
-Run the commands from the repository root; pytest finds the package through pytest.ini's pythonpath.
+Run the commands from the repository root; pytest finds the package through pyproject.toml's pythonpath.
 """
