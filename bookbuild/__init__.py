@@ -26,8 +26,8 @@ What lives where:
                  and cached under _build/, and budget.py with the modules it imports, copied from code/
                  into the HTML's _static/ at every build.
 - sphinx_ext.py  the Sphinx extension that _config.yml loads: the stored GPU outputs below the
-                 cuda cells as the build reads a page, the HTML fix that drops a duplicated script, the calculator's static files and
-                 provenance.py's directive.
+                 cuda cells as the build reads a page, the HTML fix that drops a duplicated script,
+                 the calculator's static files and provenance.py's directive.
 - provenance.py  the provenance page's table (chapters/provenance.md): how, when, where and how long
                  each chapter was executed, from myst-nb's execution data and the execution cache.
 

@@ -4,6 +4,7 @@ A new chapter's author writes its .md and lists it in _toc.yml; tests/test_chapt
 says what else the chapter needs: the hidden setup cell below, a row in the front page's table, a
 paired .ipynb (`python -m bookbuild.refresh NN_name.md`) and a section in the nbval sanitizer.
 """
+import sys
 from pathlib import Path
 
 import yaml
@@ -64,6 +65,15 @@ def chapter_number(md: Path) -> int:
 def sanitizer_header(md: Path) -> str:
     """The line that opens a chapter's own section in tests/nbval_sanitize.cfg."""
     return f"# ---- chapter {chapter_number(md)} ----"
+
+
+def script_arguments():
+    """code/arguments.py, the scripts' one way to take arguments and refuse (a bad argument is one line
+    on stderr and exit 2, any other refusal exit 1), for bookbuild's commands too."""
+    if str(REPO / "code") not in sys.path:
+        sys.path.insert(0, str(REPO / "code"))
+    import arguments
+    return arguments
 
 
 def repository_url() -> str:

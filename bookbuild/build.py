@@ -7,18 +7,17 @@ The execution cache is emptied when the inputs under code/ or data/ changed sinc
 (cache.py); when they changed since the last build, every page is re-read. A page whose chapter is in
 the cache, executed by an earlier build or handed over by nbval, is not executed again.
 """
-import argparse
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from .book import REPO, warm_font_cache
+from .book import REPO, script_arguments, warm_font_cache
 from .cache import STAMP, execution_cache, inputs_hash
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bookbuild.build", description="Build the book to _build/html.")
+    ap = script_arguments().Parser(prog="python -m bookbuild.build", description="Build the book to _build/html.")
     ap.add_argument("--strict", action="store_true", help="treat warnings as errors")
     args = ap.parse_args(argv)
     warm_font_cache()

@@ -12,14 +12,13 @@ shows these outputs below their cells, labelled with that GPU, date and commit (
 Commit the changed .ipynb. Chapter 6's cuda cells include a 124M-class run of train_gpu.py that prints
 its MFU and its peak memory against the memory ledger; the whole run is meant to fit in 8 minutes.
 """
-import argparse
 import shutil
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .book import REPO, chapters, warm_font_cache
+from .book import REPO, chapters, script_arguments, warm_font_cache
 from .cuda import GPU_RUN_KEY, cuda_cells, is_cuda_cell
 from .refresh import execute
 
@@ -63,17 +62,18 @@ def store_gpu_outputs(reference, executed, label: dict) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bookbuild.gpu_run", description=__doc__.splitlines()[0])
+    arguments = script_arguments()
+    ap = arguments.Parser(prog="python -m bookbuild.gpu_run", description=__doc__.splitlines()[0])
     ap.add_argument("--copy-to", type=Path, help="also copy each updated .ipynb into this folder")
     args = ap.parse_args(argv)
     try:
         import torch
     except ImportError:
-        ap.exit(1, "error: torch is not installed; install requirements.txt first\n")
+        arguments.fail("torch is not installed; install requirements.txt first", arguments.REFUSED)
     if not torch.cuda.is_available():
-        ap.exit(1, "error: this machine has no CUDA GPU; the cells tagged `cuda` need one\n")
+        arguments.fail("this machine has no CUDA GPU; the cells tagged `cuda` need one", arguments.REFUSED)
     if args.copy_to is not None and args.copy_to.exists() and not args.copy_to.is_dir():
-        ap.exit(2, f"error: --copy-to {args.copy_to} is a file, not a folder\n")
+        arguments.fail(f"--copy-to {args.copy_to} is a file, not a folder")
     import nbformat
     warm_font_cache()
     t0 = time.perf_counter()
@@ -84,11 +84,11 @@ def main(argv=None) -> int:
         try:
             executed = execute(md, timeout=TIME_GOAL_S, cuda_cells=True)
         except Exception as e:  # a failing cell: say which and store nothing
-            ap.exit(1, f"error: {md.name} failed on this GPU, nothing stored: {str(e).strip()[-2000:]}\n")
+            arguments.fail(f"{md.name} failed on this GPU, nothing stored: {str(e).strip()[-2000:]}", arguments.REFUSED)
         try:
             texts = store_gpu_outputs(reference, executed, run_label(time.perf_counter() - t0))
         except ValueError as e:
-            ap.exit(1, f"error: {ipynb.name}: {e}\n")
+            arguments.fail(f"{ipynb.name}: {e}", arguments.REFUSED)
         tmp = ipynb.with_suffix(".ipynb.tmp")
         nbformat.write(reference, tmp)
         tmp.replace(ipynb)

@@ -7,12 +7,11 @@ Run it after editing a chapter's .md (or code/ it imports); nbval then checks th
 The cells tagged `cuda` do not run (their `skip-execution` tag), and keep the outputs a GPU run stored
 for them (bookbuild/gpu_run.py) as long as their code is unchanged.
 """
-import argparse
 import sys
 import time
 from pathlib import Path
 
-from .book import chapters, warm_font_cache
+from .book import chapters, script_arguments, warm_font_cache
 from .cuda import SKIP_TAG, is_cuda_cell, keep_stored_gpu_outputs
 
 
@@ -47,7 +46,7 @@ def refresh(md: Path) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bookbuild.refresh", description=__doc__.splitlines()[0])
+    ap = script_arguments().Parser(prog="python -m bookbuild.refresh", description=__doc__.splitlines()[0])
     ap.add_argument("chapters", nargs="*", metavar="NN_name.md",
                     help="chapters to refresh (default: every chapter in _toc.yml)")
     args = ap.parse_args(argv)
@@ -56,7 +55,7 @@ def main(argv=None) -> int:
     mds = [Path(n) if Path(n).exists() else folder / n for n in args.chapters] or book
     for md in mds:
         if not md.is_file():
-            ap.error(f"no chapter {md}")
+            ap.error(f"there is no chapter {md.name} in chapters/")
     warm_font_cache()
     for md in mds:
         refresh(md)
