@@ -30,11 +30,14 @@ def cuda_cells(text: str) -> list:
     lines = text.split("\n")
     found = []
     for cell, start in zip(nb.cells, nb.metadata["source_map"]):
-        if cell.cell_type == "code" and is_cuda_cell(cell):
-            fence = re.match(r"[`~]{3,}", lines[start - 1]).group()  # a code cell's start: its fence's line + 1
-            end = next(i for i in range(start, len(lines)) if lines[i].strip() == fence[0] * len(lines[i].strip())
-                       and len(lines[i].strip()) >= len(fence))
-            found.append((cell, end + 1))
+        if cell.cell_type != "code" or not is_cuda_cell(cell):
+            continue
+        # `start` is the line after the cell's opening fence; the cell ends at the first line that is
+        # only the fence's character, at least as many times
+        fence = re.match(r"[`~]{3,}", lines[start - 1].lstrip()).group()
+        closing = re.compile(re.escape(fence[0]) + "{%d,}" % len(fence))
+        end = next(i for i in range(start, len(lines)) if closing.fullmatch(lines[i].strip()))
+        found.append((cell, end + 1))
     return found
 
 

@@ -12,6 +12,7 @@ import io
 import math
 import re
 import sys
+from typing import NoReturn
 
 BAD_ARGUMENT = 2  # what argparse exits with for a usage error, and fail() for any other bad argument
 REFUSED = 1       # anything else a script refuses to do: no corpus, no GPU, a failed run
@@ -22,7 +23,7 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def fail(message: str, status: int = BAD_ARGUMENT):
+def fail(message: str, status: int = BAD_ARGUMENT) -> NoReturn:
     """Stop the script with one line on stderr, `error: message`, and exit status 2 (a bad argument), or
     REFUSED for a refusal that no argument can fix."""
     print(f"error: {message}", file=sys.stderr)

@@ -1,5 +1,5 @@
 """Which tests are slow, decided here: `python -m pytest -m "not slow"` is the fast path (the unit tests
-of code/ and bookbuild/, about two minutes on two cores); `python -m pytest` runs everything.
+of code/ and bookbuild/, under two minutes on two cores); `python -m pytest` runs everything.
 
 Slow: every nbval item (each re-executes a chapter's cell), the tests of the modules below, which
 drive headless Chromium, build the book or start processes that import torch and train, and a single
