@@ -14,7 +14,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -51,7 +50,7 @@ def main() -> None:
             subprocess.run(["npm", "pack", PACKAGE], cwd=tmp, check=True, stdout=subprocess.DEVNULL)
             tarball = Path(tmp) / "chinese-poetry-2.0.1.tgz"
         if not tarball.is_file():
-            sys.exit(f"error: no tarball at {tarball}")
+            ap.exit(2, f"error: --tarball {tarball} is not a file\n")  # a bad argument
         with tarfile.open(tarball) as tar:
             lines = list(ci_lines(tar))
     tmp_out = OUT.with_suffix(".tmp")
