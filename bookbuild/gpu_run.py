@@ -5,8 +5,8 @@
 
 On a machine with CUDA (one GPU is enough), it executes each such chapter from its .md, the cuda cells
 included (the one executor that runs them: the build, nbval and the refresh skip them by their
-static tags, cuda.py), and writes the cuda cells' outputs into the chapter's .ipynb with the notebook metadata
-`gpu_run`: the GPU's name and count, the date, the commit, the versions and how long it took. The other
+static tags, cuda.py), and writes the cuda cells' outputs into the chapter's .ipynb with the notebook
+metadata `gpu_run`: the GPU's name and count, the date, the commit, the versions and how long it took. The other
 cells keep the reference outputs of the CPU run, which nbval checks on every machine. The build then
 shows these outputs below their cells, labelled with that GPU, date and commit (cuda.py).
 Commit the changed .ipynb. Chapter 6's cuda cells include a 124M-class run of train_gpu.py that prints
