@@ -10,9 +10,9 @@ import re
 from urllib.parse import quote
 
 import pytest
+from test_browser import REPO, browser, open_page, site  # noqa: F401  (browser, site: the fixtures)
 
 from bookbuild import search_terms
-from test_browser import REPO, open_page, browser, site  # noqa: F401  (browser, site: the fixtures)
 
 GLOSSARY = (REPO / search_terms.GLOSSARY).read_text(encoding="utf-8")
 TERMS = [(word, pages) for words, pages in search_terms.glossary_terms(GLOSSARY) for word in words]
