@@ -8,9 +8,11 @@
   redeclares a `const` and throws in the browser. Keep the first of any identical scripts.
 - Chapter 7's calculator: the Pyodide runtime and budget.py's modules join the static files (pyodide.py).
 - The provenance page's table (provenance.py): how, when and where each chapter was executed.
+- The search index knows the glossary's terms: a jieba user dictionary made from it (search_terms.py).
 """
 from . import provenance, pyodide
 from .cuda import show_stored_gpu_outputs
+from .search_terms import use_glossary_dictionary
 
 
 def show_stored_gpu_outputs_as_read(app, docname, source):
@@ -31,6 +33,7 @@ def dedupe_scripts(app, pagename, templatename, context, doctree):
 
 def setup(app):
     app.connect("source-read", show_stored_gpu_outputs_as_read)
+    app.connect("config-inited", use_glossary_dictionary)  # jieba keeps the glossary's compounds whole
     app.connect("html-page-context", dedupe_scripts, priority=900)
     pyodide.setup(app)  # chapter 7's calculator: Pyodide and budget.py in _static
     provenance.setup(app)  # the provenance page's table

@@ -40,6 +40,13 @@ class GPU:
 # whose NVLink bridges join only pairs or fours; GeForce cards have no peer-to-peer NVLink at all.
 # These are the links' peaks; NCCL's measured all-reduce bus bandwidth is typically 70-90 % of them
 # (an expectation, not measured here; chapter 4 measures this machine's own).
+# GeForce cards: the PCIe figure is a best case, labelled an expectation. GeForce RTX 40 cards have
+# peer-to-peer disabled (NVIDIA/nccl#1127; tinygrad/open-gpu-kernel-modules patches the driver to get
+# it), so NCCL copies through host memory; on RTX 30 cards it depends on the driver.
+GEFORCE_40_LINK = ("PCIe 4.0 x16, 64 GB/s both directions; an expected upper bound: no peer-to-peer on "
+                   "GeForce RTX 40, NCCL copies through host memory")
+GEFORCE_30_LINK = ("PCIe 4.0 x16, 64 GB/s both directions; an expected upper bound: GeForce peer-to-peer "
+                   "depends on the driver")
 CATALOG = (
     GPU("B200", 2.25e15, 180, ("b200",),  # HGX B200 spec: bf16 4.5 PFLOPS per GPU with sparsity
         link_gb_s=900, link="NVLink 5, 1800 GB/s both directions"),
@@ -91,16 +98,16 @@ CATALOG = (
     # GeForce: "peak FP16 tensor TFLOPS with FP32 accumulate" (what bf16/fp16 autocast uses):
     # Ada whitepaper (RTX 4090): 165.2 dense = 128 SMs × 2.52 GHz × 512 FLOP/clock/SM
     GPU("RTX4090", 165.2e12, 24, ("4090",), sms=(128,),
-        link_gb_s=32, link="PCIe 4.0 x16, 64 GB/s both directions"),
+        link_gb_s=32, link=GEFORCE_40_LINK),
     # RTX 4070: not in the whitepaper; 46 SMs × 2.475 GHz boost (NVIDIA spec page) × 512, the Ada rate above
     GPU("RTX4070", 58.3e12, 12, ("4070",), sms=(46,), exclude=("ti", "super"),
-        link_gb_s=32, link="PCIe 4.0 x16, 64 GB/s both directions"),
+        link_gb_s=32, link=GEFORCE_40_LINK),
     # Ampere GA102 whitepaper (RTX 3090): 71 dense = 82 SMs × 1.695 GHz × 512
     GPU("RTX3090", 71e12, 24, ("3090",), sms=(82,), exclude=("ti",),
-        link_gb_s=32, link="PCIe 4.0 x16, 64 GB/s both directions"),
+        link_gb_s=32, link=GEFORCE_30_LINK),
     # RTX 3060 12 GB: not in the whitepaper; 28 SMs × 1.777 GHz boost (NVIDIA spec page) × 512, the GA102 rate
     GPU("RTX3060", 25.5e12, 12, ("3060",), sms=(28,), exclude=("ti",),
-        link_gb_s=32, link="PCIe 4.0 x16, 64 GB/s both directions"),
+        link_gb_s=32, link=GEFORCE_30_LINK),
 )
 GPUS = {g.name.lower(): g for g in CATALOG}
 
