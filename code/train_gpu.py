@@ -517,8 +517,8 @@ class _SafeMetadataUnpickler(pickle.Unpickler):
                        "torch.distributed.checkpoint.planner")
     ALLOWED = {("collections", "OrderedDict"), ("torch", "Size"), ("copyreg", "_reconstructor"),
                ("builtins", "object"), ("builtins", "set"), ("builtins", "frozenset"),
-               ("torch", "device"), ("torch", "memory_format"), ("torch", "contiguous_format"),
-               ("torch", "strided")}
+               ("torch", "device"), ("torch.serialization", "_get_layout"),  # a layout's name -> the layout
+               ("pathlib", "PosixPath"), ("pathlib", "WindowsPath")}  # where the checkpoint was saved
 
     def find_class(self, module, name):
         if module in self.ALLOWED_MODULES or (module, name) in self.ALLOWED or (
@@ -614,7 +614,7 @@ def export_weights(t: Trainer) -> None:
     )
     sd = get_model_state_dict(t.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if t.rank == 0:
-        save_atomic({k: v for k, v in sd.items() if k != "lm_head.weight"}, Path(t.args.out) / EXPORT_NAME)
+        save_atomic(sd, Path(t.args.out) / EXPORT_NAME)  # GPT(cfg).load_state_dict(torch.load(...)) takes it
 
 
 # ---- logging -----------------------------------------------------------------------------------------
@@ -624,12 +624,16 @@ def model_config(args) -> dict:
                           n_head=args.n_head, seq_len=args.seq_len))
 
 
-def ledger_mib(args, n_params: int, world: int, scheme: str = "ddp") -> float:
+def ledger_mib(args, n_params: int, world: int, scheme: str = "ddp", accum: int = 1) -> float:
     """The memory ledger's peak per GPU for this run, in MiB: eager autograd, bf16 autocast over fp32
-    weights, the scheme's sharding of the state, the GPU kernels, checkpointing as asked."""
+    weights, the scheme's sharding of the state, the GPU kernels, checkpointing as asked. Sharded with
+    accumulation, the gradients are whole until the last micro-batch (see no_sync): that is added."""
     shape = Shape(args.d_model, args.n_layer, args.n_head, args.seq_len, args.micro_batch, args.vocab_size)
-    return step_bytes(shape, n_params, gpus=world, scheme=scheme, layout="autocast",
-                      checkpoint=args.checkpoint_activations, kernels="gpu")["total"] / 2**20
+    parts = step_bytes(shape, n_params, gpus=world, scheme=scheme, layout="autocast",
+                       checkpoint=args.checkpoint_activations, kernels="gpu")
+    whole_grads = state_bytes(n_params, 1, "ddp")["grads"]
+    extra = whole_grads - parts["grads"] if scheme != "ddp" and accum > 1 else 0
+    return (parts["total"] + extra) / 2**20
 
 
 def ledger_state_mib(t: Trainer) -> float:
@@ -772,7 +776,7 @@ def main(argv=None):
     precision = resolve_precision(args.precision, device)
     data = TokenSource(args.data, args.vocab_size, args.seq_len, args.tokenizer)
     if ranks.rank == 0:
-        remove_partial_saves(out, keep=resume[0] if resume else None)
+        remove_partial_saves(out)
     with process_group("nccl" if device.type == "cuda" else "gloo", timeout_s=args.timeout_s):
         try:
             code = run(args, device, ranks.rank, ranks.world, accum, precision, data, resume)
@@ -786,6 +790,7 @@ def main(argv=None):
 
 def run(args, device, rank: int, world: int, accum: int, precision: str, data: TokenSource, resume) -> int:
     """Train from the start or from `resume` (folder, state) to --steps; return the exit status."""
+    stop = StopFlag()  # from now on SIGTERM/SIGUSR1 stop the run at a step boundary, with a checkpoint
     t = setup(args, device, rank, world, accum, precision, data)
     start = 0
     if resume is not None:
@@ -795,9 +800,8 @@ def run(args, device, rank: int, world: int, accum: int, precision: str, data: T
         log(f"resumed from {resume[0].name} at step {start} (saved by {resume[1]['world_size']} process(es), "
             f"{resume[1]['shard']})")
     n_params = t.raw.num_params()
-    ledger = ledger_mib(args, n_params, world, t.ledger_scheme)
+    ledger = ledger_mib(args, n_params, world, t.ledger_scheme, accum if t.sharded else 1)
     describe_run(t, data, log, ledger)
-    stop = StopFlag()
     peak, _ = peak_flops(device, args.peak_tflops)
     flops_tok = flops_per_token(t.raw.cfg, n_params)
     evaluator = Evaluator(t, data)
@@ -929,7 +933,7 @@ class StopFlag:
             signal.signal(s, signal.SIG_IGN)
 
 
-def remove_partial_saves(out: Path, keep) -> None:
+def remove_partial_saves(out: Path) -> None:
     """Remove what a run killed mid-save leaves: checkpoint folders without .metadata, .tmp files."""
     complete = set(complete_checkpoints(out))
     for d in sorted((out / CKPT_DIR).glob("step_*")) if (out / CKPT_DIR).is_dir() else []:
