@@ -141,6 +141,7 @@ HOLDOUT = 0.05  # the last 5% of a --data file is validation
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 EXIT_NAN, EXIT_TIMEOUT, EXIT_PREEMPTED = 3, 4, 75  # 75: EX_TEMPFAIL, "try again"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+COLLECTIVE_WORDS = ("gloo", "NCCL", "Timed out", "timed out", "Connection closed")  # a failed collective's words
 DEFAULT_GLOBAL_BATCH_TOKENS = 2**19  # 524,288 tokens per step, GPT-3 Small's 0.5M
 
 
@@ -479,6 +480,7 @@ def checkpoint_state(t: Trainer) -> dict:
     the sampler's and the CPU's RNG state, the loss scale."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
     model_sd, optim_sd = get_state_dict(t.model, t.opt)
+    model_sd.pop("lm_head.weight", None)  # tied to tok_emb.weight: the same matrix, saved once
     state = {"model": model_sd, "optim": optim_sd, "sampler_rng": t.sampler.gen.get_state(),
              "cpu_rng": torch.get_rng_state()}
     if t.scaler is not None:
@@ -500,7 +502,8 @@ def save_checkpoint(t: Trainer, step: int) -> Path:
                                        "shard": "fsdp" if t.sharded else "ddp", "skipped_steps": t.skipped})
     if t.world > 1:
         dist.barrier()
-    dcp.save(checkpoint_state(t), checkpoint_id=path, no_dist=t.world == 1)  # .metadata last: the checkpoint counts from then
+    with single_process_quiet():
+        dcp.save(checkpoint_state(t), checkpoint_id=path, no_dist=t.world == 1)  # .metadata last: complete
     if t.world > 1:
         dist.barrier()
     if t.rank == 0:
@@ -508,6 +511,15 @@ def save_checkpoint(t: Trainer, step: int) -> Path:
             if old != path:
                 shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+@contextlib.contextmanager
+def single_process_quiet():
+    """DCP warns that it 'assumes a single process' when there is no process group: that is the intent."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 class _SafeMetadataUnpickler(pickle.Unpickler):
@@ -588,12 +600,15 @@ def check_checkpoint(path: Path, config: dict) -> dict:
 def load_checkpoint(t: Trainer, path: Path, state: dict) -> int:
     """Load a checkpoint saved on any number of processes under either scheme; return its step."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
     target = checkpoint_state(t)  # the shapes to load into, sharded as this run shards
     try:
-        dcp.load(target, checkpoint_id=path, storage_reader=_safe_reader(path), planner=_safe_planner(),
-                 no_dist=t.world == 1)
-        set_state_dict(t.model, t.opt, model_state_dict=target["model"], optim_state_dict=target["optim"])
+        with single_process_quiet():
+            dcp.load(target, checkpoint_id=path, storage_reader=_safe_reader(path), planner=_safe_planner(),
+                     no_dist=t.world == 1)
+        # strict=False: only lm_head.weight is absent, and it is tok_emb.weight (tied)
+        set_state_dict(t.model, t.opt, model_state_dict=target["model"], optim_state_dict=target["optim"],
+                       options=StateDictOptions(strict=False))
     except Exception as e:  # DCP wraps a rank's failure in CheckpointException; all mean the same here
         fail(f"--resume: {path.name} does not fit this model and optimizer "
              f"({(str(e).strip().splitlines() or [type(e).__name__])[-1][:200]})")
@@ -780,7 +795,9 @@ def main(argv=None):
     with process_group("nccl" if device.type == "cuda" else "gloo", timeout_s=args.timeout_s):
         try:
             code = run(args, device, ranks.rank, ranks.world, accum, precision, data, resume)
-        except dist.DistError as e:  # a collective timed out or a peer died: say so, not a wall of C++
+        except (dist.DistError, RuntimeError) as e:  # a collective timed out or a peer died: say so, not C++
+            if not isinstance(e, dist.DistError) and not any(w in str(e) for w in COLLECTIVE_WORDS):
+                raise
             print(f"error: process {ranks.rank}: a collective failed ({type(e).__name__}: "
                   f"{str(e).strip().splitlines()[0][:160]}); another process died or waited longer than "
                   f"--timeout-s {args.timeout_s:g}", file=sys.stderr)
@@ -983,13 +1000,13 @@ def sample_text(model, sp, args, device, autocast) -> str:
 
 
 class Faults:
-    """Test-only fault injection (--test-faults nan=STEP,inf=STEP,stop=STEP,sleep=MS): a NaN loss from
-    STEP on (what a diverging run shows); an inf gradient at STEP on rank 0 (what an fp16 overflow
-    leaves); a stop request on the last rank at STEP (what a SIGTERM does); MS milliseconds of sleep
-    per step (time for a test to send a real signal)."""
+    """Test-only fault injection (--test-faults nan=STEP,inf=STEP,stop=STEP,sleep=MS,hang=STEP): a NaN
+    loss from STEP on (what a diverging run shows); an inf gradient at STEP on rank 0 (what an fp16
+    overflow leaves); a stop request on the last rank at STEP (what a SIGTERM does); MS milliseconds of
+    sleep per step (time for a test to send a real signal); the last rank stuck after STEP (a hung peer)."""
 
-    def __init__(self, nan=None, inf=None, stop=None, sleep=None):
-        self.nan, self.inf, self.stop, self.sleep = nan, inf, stop, sleep
+    def __init__(self, nan=None, inf=None, stop=None, sleep=None, hang=None):
+        self.nan, self.inf, self.stop, self.sleep, self.hang = nan, inf, stop, sleep, hang
 
     @classmethod
     def parse(cls, text, parser=None):
@@ -1013,6 +1030,8 @@ class Faults:
             time.sleep(self.sleep / 1000)
         if self.stop == done and t.rank == t.world - 1:
             stop.signum = signal.SIGTERM
+        if self.hang == done and t.rank == t.world - 1:
+            time.sleep(10 * t.args.timeout_s)
 
 
 if __name__ == "__main__":

@@ -272,6 +272,14 @@ def test_bad_checkpoints_are_one_sentence(runs, tmp_path, case):
     assert isinstance(e.value.code, str) and "\n" not in e.value.code and expect in e.value.code, e.value.code
 
 
+def test_a_hung_process_is_one_sentence_after_the_timeout(tmp_path):
+    # the last --timeout-s given wins: 5 s instead of RUN's 60
+    r = run(RUN + ["--micro-batch", "4", "--timeout-s", "5", "--test-faults", "hang=1", "--out", str(tmp_path)],
+            nproc=2, check=False, timeout=120)
+    line = next(x for x in r.stderr.splitlines() if x.startswith("error: process 0"))
+    assert r.returncode != 0 and "another process died or waited longer than --timeout-s 5" in line, r.stderr
+
+
 def test_nan_stops_with_last_good_checkpoint(tmp_path):
     r = run(TINY + ["--micro-batch", "8", "--steps", "12", "--log-every", "4", "--save-every", "4",
                     "--test-faults", "nan=6", "--out", str(tmp_path)], check=False)
