@@ -1031,7 +1031,7 @@ class Faults:
         if self.stop == done and t.rank == t.world - 1:
             stop.signum = signal.SIGTERM
         if self.hang == done and t.rank == t.world - 1:
-            time.sleep(10 * t.args.timeout_s)
+            time.sleep(3 * t.args.timeout_s)  # past the timeout, then back to a group whose peer is gone
 
 
 if __name__ == "__main__":

@@ -241,9 +241,12 @@ def test_the_plan_prints_the_train_gpu_command_of_the_scheme_that_fits():
     assert line.split(None, 1)[1] == (
         "torchrun --standalone --nproc-per-node=8 code/train_gpu.py --d-model 768 --n-layer 12 --n-head 12 "
         "--vocab-size 8192 --seq-len 1024 --micro-batch 8 --global-batch-tokens 262144 --steps 6962 --shard ddp")
-    line, _ = _command("--d-model", "4096", "--n-layer", "32", "--gpus", "64", "--seq-len", "4096",
+    line, _ = _command("--d-model", "5120", "--n-layer", "40", "--gpus", "64", "--seq-len", "4096",
+                       "--micro-batch", "1", "--gpu", "A100-40GB", "--checkpoint-activations")
+    assert "--nnodes=8 --nproc-per-node=8" in line and line.endswith("--shard fsdp --checkpoint-activations")
+    _, text = _command("--d-model", "4096", "--n-layer", "32", "--gpus", "64", "--seq-len", "4096",
                        "--micro-batch", "2", "--gpu", "A100-40GB")
-    assert "--nnodes=8 --nproc-per-node=8" in line and line.endswith("--shard fsdp")
+    assert "command     none: no scheme fits (see the verdict)" in text
     line, _ = _command("--d-model", "4096", "--n-layer", "32", "--gpus", "6", "--gpus-per-node", "4",
                        "--seq-len", "4096", "--micro-batch", "1", "--checkpoint-activations")
     assert line.startswith("command     none: 6 GPUs do not split evenly") or "--checkpoint-activations" in line
