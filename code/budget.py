@@ -16,6 +16,9 @@ What it assumes (each one a flag where a reader may differ):
               the logits over --vocab-size and the loss's temporaries; --checkpoint-activations;
   fits        GB = 1e9 bytes; a run fits when the ledger's peak stays under 90 % of the GPU's memory
               (the rest: the CUDA context, the allocator's fragmentation, backward's short-lived buffers).
+  command     the train_gpu.py command of the first scheme that fits (ZeRO-1 has no flag: the closest,
+              --shard fsdp --no-reshard-after-forward, is printed with what it costs), with this shape,
+              micro-batch, global batch in tokens and --checkpoint-activations;
   step        one optimizer step = GPUs × micro-batch × seq-len × --grad-accum tokens; its compute time
               at this MFU, beside the time its communication takes over the GPU's link (code/gpus.py,
               per direction; across machines the slower of it and --node-link-gbit) with ring
@@ -36,8 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import memory  # noqa: E402
-from gpus import CATALOG, GPUS  # noqa: E402
 from arguments import Parser, positive, positive_int  # noqa: E402
+from gpus import CATALOG, GPUS  # noqa: E402
 from shapes import flops_per_token, param_count  # noqa: E402
 
 USABLE_FRACTION = 0.9
@@ -335,6 +338,42 @@ def _step_lines(est: dict, link_label: str) -> list:
     return lines
 
 
+# what train_gpu.py runs for each scheme the ledger counts; ZeRO-1 has no flag of its own
+SHARD_FLAGS = {"ddp": ["--shard", "ddp"], "zero2": ["--shard", "fsdp", "--no-reshard-after-forward"],
+               "zero3": ["--shard", "fsdp"]}
+
+
+def command_lines(est: dict, shape, gpus_per_node: int, layout: str, checkpoint: bool) -> list:
+    """The train_gpu.py command of the first scheme that fits, at this shape, micro-batch and step."""
+    if shape is None or not any(m["fits"] is not None for m in est["memory"].values()):
+        return []
+    if layout != "autocast":
+        return ["command     none: train_gpu.py keeps fp32 weights under autocast; plan it with --layout autocast"]
+    fitting = [s for s, m in est["memory"].items() if m["fits"]]
+    if not fitting:
+        return ["command     none: no scheme fits (see the verdict)"]
+    scheme, lines = fitting[0], []
+    if scheme == "zero1":
+        extra = est["memory"]["zero2"]["comm_bytes"] - est["memory"]["zero1"]["comm_bytes"]
+        lines.append("note        train_gpu.py has no ZeRO-1; the closest is --shard fsdp --no-reshard-after-forward "
+                     f"(ZeRO-2): it holds less, and sends {extra / GB:.2f} GB more per GPU per step")
+        scheme = "zero2"
+    gpus, st = est["gpus"], est["step"]
+    nodes = -(-gpus // gpus_per_node)
+    if gpus % nodes:
+        return [*lines, (f"command     none: {gpus} GPUs do not split evenly over {nodes} machines of "
+                         f"{gpus_per_node}; choose --gpus as a multiple of --gpus-per-node")]
+    launch = (["torchrun", "--standalone", f"--nproc-per-node={gpus}"] if nodes == 1 else
+              ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={gpus // nodes}", "--rdzv-backend=c10d",
+               "--rdzv-endpoint=HOST:29500", "--rdzv-id=RUN"])
+    flags = ["--d-model", shape.d_model, "--n-layer", shape.n_layer, "--n-head", shape.n_head, "--vocab-size",
+             shape.vocab_size, "--seq-len", shape.seq_len, "--micro-batch", shape.micro_batch,
+             "--global-batch-tokens", st["tokens"], "--steps", math.ceil(st["steps"]), *SHARD_FLAGS[scheme]]
+    if checkpoint:
+        flags.append("--checkpoint-activations")
+    return lines + ["command     " + " ".join(str(x) for x in [*launch, "code/train_gpu.py", *flags])]
+
+
 def _mfu(text: str) -> float:
     value = positive(text.rstrip("%")) / (100 if text.endswith("%") else 1)
     if value > 1:
@@ -442,9 +481,11 @@ def plan(argv: list) -> dict:
                    link_bytes_s=link)
     if not _finite(est) or not est["step"]["compute_s"] > 0:
         parser.error("these numbers are beyond what a float can hold (a result overflows); use realistic sizes")
+    text = "\n".join([report(est, label, peak, args.mfu, memory_gb, args.layout, args.checkpoint_activations,
+                              link_label), *command_lines(est, shape, args.gpus_per_node, args.layout,
+                                                          args.checkpoint_activations)])
     return dict(args=args, est=est, shape=shape, label=label, peak=peak, memory_gb=memory_gb, link_gb_s=link_gb_s,
-                link_label=link_label, text=report(est, label, peak, args.mfu, memory_gb, args.layout, args.checkpoint_activations,
-                            link_label))
+                link_label=link_label, text=text)
 
 
 def page(argv: list) -> dict:

@@ -168,16 +168,20 @@ def load_tokens_or_exit(corpus_path: Path = CORPUS_PATH) -> Tokens:
         fail(str(e), REFUSED)
 
 
-def get_batch(tokens: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator):
+def get_batch(tokens: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator,
+              rows: slice | None = None):
     """Random windows of seq_len+1 tokens: inputs x and next-token targets y, each (batch, seq_len).
 
     Draw one global batch from a generator seeded the same way on every process and let each process
     take its own slice of rows: then one process with the whole batch and N processes with a slice
-    each see exactly the same data.
+    each see exactly the same data. rows: the slice this process keeps; only those windows are read
+    (every process draws all batch_size start positions, a few integers, so the generators stay equal).
     """
     if len(tokens) <= seq_len + 1:
         raise ValueError(f"{len(tokens)} tokens are too few for windows of {seq_len + 1}")
     starts = torch.randint(len(tokens) - seq_len - 1, (batch_size,), generator=generator)
+    if rows is not None:
+        starts = starts[rows]
     windows = torch.stack([tokens[s:s + seq_len + 1] for s in starts.tolist()])
     return windows[:, :-1], windows[:, 1:]
 

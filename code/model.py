@@ -5,10 +5,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
 from shapes import mlp_hidden
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -205,3 +204,49 @@ class GPT(nn.Module):
         # training and evaluation need only the loss: skip the full logits (see vocab_cross_entropy)
         loss = vocab_cross_entropy(x.reshape(-1, x.size(-1)), self.lm_head.weight, targets.reshape(-1))
         return None, loss
+
+
+# ---- one initialisation for a whole model and for a sharded one (train_gpu.py) ----
+
+def init_std(name: str, cfg: GPTConfig) -> float | None:
+    """The standard deviation GPT.__init__ draws the parameter `name` with; None: a norm weight (ones)."""
+    if name.endswith("norm.weight"):
+        return None
+    if name.endswith(("proj.weight", "down.weight")):
+        return 0.02 / (2 * cfg.n_layer) ** 0.5  # the residual projections, as in GPT.__init__
+    return 0.02
+
+
+def parameter_seed(seed: int, name: str) -> int:
+    """A seed for one parameter from the run's seed and the parameter's name (not Python's salted hash)."""
+    import hashlib
+    return int.from_bytes(hashlib.sha256(f"{seed}/{name}".encode()).digest()[:7], "little")
+
+
+def full_init(name: str, shape, cfg: GPTConfig, seed: int) -> torch.Tensor:
+    """The whole initial value of one parameter, on the CPU in fp32: from its own generator, so it
+    depends on the seed and the name only, never on which other parameters a process holds."""
+    std = init_std(name, cfg)
+    if std is None:
+        return torch.ones(shape)
+    return torch.empty(shape).normal_(0.0, std, generator=torch.Generator().manual_seed(parameter_seed(seed, name)))
+
+
+@torch.no_grad()
+def init_per_parameter(model: GPT, seed: int) -> None:
+    """Initialise `model` (plain, or sharded by FSDP2, or just materialised from the meta device)
+    with the same distributions as GPT.__init__, each parameter drawn whole from its own generator
+    and then cut to the shard this process keeps. A plain and a sharded model of one seed start
+    equal, and no process holds more than one whole parameter at a time beyond its shards."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    for name, p in model.named_parameters():  # the tied matrix once, under tok_emb.weight
+        full = full_init(name, p.shape, model.cfg, seed)
+        if isinstance(p, DTensor):  # keep this process's shard; src_data_rank=None: no communication
+            full = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
+            p.to_local().copy_(full)
+        else:
+            p.copy_(full)
+    # buffers left empty by a model built on the meta device
+    cos, sin = rope_tables(model.cfg.seq_len, model.cfg.d_model // model.cfg.n_head)
+    model.rope_cos.copy_(cos)
+    model.rope_sin.copy_(sin)

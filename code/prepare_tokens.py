@@ -14,6 +14,11 @@ to itself exactly (spaces, English, Chinese, emoji, any UTF-8), with one excepti
 cannot avoid: the character U+2581 "▁" is its space marker and decodes as a space; lines holding it
 are counted and reported. Blank lines and line ends are not kept (eos marks the end of a line).
 
+Every line is decoded again and compared with the original. The book's tokenizer was made for
+全宋词 and has no ASCII space (it decodes as "▁"): text it cannot represent exactly stops the run
+with how many lines and what share of the characters are affected, and nothing is written; train a
+tokenizer on the text with --train-tokenizer, or write the lossy ids anyway with --allow-lossy.
+
 The text is read line by line and encoded in chunks, and the ids are
 appended to a temporary file that is renamed to --out at the end, so a corpus of many GB needs only a
 chunk's worth of memory, and an interrupted run never leaves a half-written --out behind.
@@ -46,17 +51,31 @@ def iter_lines(path: Path):
             yield line.rstrip("\r\n")
 
 
-def encode_files(paths, out: Path, chunk_chars: int = 1 << 22, sp=None) -> int:
-    """Encode every file into `out` (uint16 ids); return the number of tokens written."""
+class Lossy(ValueError):
+    """The tokenizer cannot represent some of the text exactly."""
+
+
+def encode_files(paths, out: Path, chunk_chars: int = 1 << 22, sp=None, allow_lossy: bool = False) -> tuple:
+    """Encode every file into `out` (uint16 ids); return (tokens written, lines that do not decode back
+    to themselves, their characters, an example). Unless allow_lossy, a lossy line stops it: nothing is
+    written, and the Lossy error says how much of the text is affected."""
     sp = sp or load_tokenizer()
     eos = sp.eos_id()
     if sp.get_piece_size() > 65536:
         raise ValueError(f"the tokenizer has {sp.get_piece_size()} ids; uint16 holds 65,536")
     total = 0
+    lossy = {"lines": 0, "chars": 0, "example": None, "all_lines": 0, "all_chars": 0}
     with atomic_write(out) as f:  # only a complete file ever carries the final name
         def flush(lines):
             nonlocal total
             ids = sp.encode(lines)
+            for line, back in zip(lines, sp.decode(ids)):  # what training on these ids could ever produce
+                lossy["all_lines"] += 1
+                lossy["all_chars"] += len(line)
+                if back != line:
+                    lossy["lines"] += 1
+                    lossy["chars"] += len(line)
+                    lossy["example"] = lossy["example"] or first_difference(line, back)
             flat = np.fromiter((t for seq in ids for t in (*seq, eos)), dtype=np.uint16,
                                count=sum(len(s) + 1 for s in ids))
             f.write(flat.tobytes())
@@ -76,7 +95,18 @@ def encode_files(paths, out: Path, chunk_chars: int = 1 << 22, sp=None) -> int:
                 flush(pending)
         if total == 0:  # raised inside the block: no empty --out is left behind
             raise ValueError("the input has no text (every line is blank)")
-    return total
+        if lossy["lines"] and not allow_lossy:
+            raise Lossy(f"the tokenizer cannot represent {lossy['lines']:,} of {lossy['all_lines']:,} lines exactly "
+                        f"({lossy['chars'] / lossy['all_chars']:.1%} of the characters are in lines that decode "
+                        f"differently; e.g. {lossy['example']}); nothing was written: train a tokenizer on your text "
+                        "with --train-tokenizer, or pass --allow-lossy to write the ids anyway")
+    return total, lossy
+
+
+def first_difference(line: str, back: str) -> str:
+    """'a space decodes as '▁'': where a decoded line first differs from the original."""
+    i = next((i for i, (a, b) in enumerate(zip(line, back)) if a != b), min(len(line), len(back)))
+    return f"{line[i:i + 1]!r} at character {i + 1} decodes as {back[i:i + 1]!r}"
 
 
 def text_lines(paths):
@@ -110,6 +140,8 @@ def main(argv=None):
                    "instead of using the book's")
     p.add_argument("--vocab-size", type=positive_int, default=16384, help="ids of the new tokenizer (at most "
                    "65,536 for uint16; at least the 256 byte pieces plus the corpus's characters)")
+    p.add_argument("--allow-lossy", action="store_true", help="write the ids even where the tokenizer cannot "
+                   "represent the text exactly (by default that stops with how much of the text is affected)")
     p.add_argument("--sample-lines", type=positive_int, default=1_000_000,
                    help="lines the tokenizer trainer samples from the corpus (bounds its memory)")
     args = p.parse_args(argv)
@@ -143,7 +175,7 @@ def main(argv=None):
                   f"{args.sample_lines:,} lines: {model_path.name}")
         else:
             sp = load_tokenizer()
-        n = encode_files(paths, out, args.chunk_chars, sp=sp)
+        n, lossy = encode_files(paths, out, args.chunk_chars, sp=sp, allow_lossy=args.allow_lossy)
         if not args.train_tokenizer:  # the book's tokenizer, beside the ids, so train_gpu.py finds it
             with atomic_write(model_path) as f:
                 f.write(sp.serialized_model_proto())
@@ -154,6 +186,9 @@ def main(argv=None):
     marked = sum("\u2581" in line for line in text_lines(paths)) if args.train_tokenizer else 0
     if marked:
         print(f"note: {marked:,} line(s) hold the character U+2581 '▁', which SentencePiece decodes as a space")
+    if lossy["lines"]:
+        print(f"warning: --allow-lossy: {lossy['lines']:,} of {lossy['all_lines']:,} lines "
+              f"({lossy['chars'] / lossy['all_chars']:.1%} of the characters) do not decode back to themselves")
 
 
 if __name__ == "__main__":

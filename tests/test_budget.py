@@ -227,3 +227,71 @@ def test_page_shows_the_model_state_when_only_the_size_is_given():
     out = budget.page(["--params", "1e9", "--gpus", "8"])
     assert out["memory"]["DDP"] == pytest.approx({"weights": 4.0, "grads": 4.0, "optimizer": 8.0})
     assert sum(out["memory"]["ZeRO-3/FSDP"].values()) == pytest.approx(16 / 8)
+
+
+def _command(*args):
+    r = cli(*args)
+    assert r.returncode == 0, r.stderr
+    return next(x for x in r.stdout.splitlines() if x.startswith("command ")), r.stdout
+
+
+def test_the_plan_prints_the_train_gpu_command_of_the_scheme_that_fits():
+    line, _ = _command("--d-model", "768", "--n-layer", "12", "--gpus", "8", "--seq-len", "1024",
+                       "--micro-batch", "8", "--grad-accum", "4")
+    assert line.split(None, 1)[1] == (
+        "torchrun --standalone --nproc-per-node=8 code/train_gpu.py --d-model 768 --n-layer 12 --n-head 12 "
+        "--vocab-size 8192 --seq-len 1024 --micro-batch 8 --global-batch-tokens 262144 --steps 6962 --shard ddp")
+    line, _ = _command("--d-model", "5120", "--n-layer", "40", "--gpus", "64", "--seq-len", "4096",
+                       "--micro-batch", "1", "--gpu", "A100-40GB", "--checkpoint-activations")
+    assert "--nnodes=8 --nproc-per-node=8" in line and line.endswith("--shard fsdp --checkpoint-activations")
+    _, text = _command("--d-model", "4096", "--n-layer", "32", "--gpus", "64", "--seq-len", "4096",
+                       "--micro-batch", "2", "--gpu", "A100-40GB")
+    assert "command     none: no scheme fits (see the verdict)" in text
+    line, _ = _command("--d-model", "4096", "--n-layer", "32", "--gpus", "6", "--gpus-per-node", "4",
+                       "--seq-len", "4096", "--micro-batch", "1", "--checkpoint-activations")
+    assert line.startswith("command     none: 6 GPUs do not split evenly") or "--checkpoint-activations" in line
+
+
+def test_zero1_is_named_with_the_closest_flag_and_its_cost():
+    line, text = _command("--d-model", "4096", "--n-layer", "32", "--gpus", "64", "--seq-len", "4096",
+                          "--micro-batch", "2", "--checkpoint-activations", "--grad-accum", "4")
+    assert "verdict     fits under ZeRO-1" in text
+    note = next(x for x in text.splitlines() if x.startswith("note "))
+    assert "no ZeRO-1; the closest is --shard fsdp --no-reshard-after-forward" in note
+    est = budget.plan(["--d-model", "4096", "--n-layer", "32", "--gpus", "64", "--seq-len", "4096", "--micro-batch",
+                       "2", "--checkpoint-activations", "--grad-accum", "4"])["est"]["memory"]
+    assert f"sends {(est['zero2']['comm_bytes'] - est['zero1']['comm_bytes']) / 1e9:.2f} GB more" in note
+    assert line.endswith("--shard fsdp --no-reshard-after-forward --checkpoint-activations")
+
+
+def test_the_printed_command_runs_scaled_down_on_two_cpu_processes(tmp_path):
+    """The 7B plan's command, with the shape and the step scaled down to a tiny CPU run: every flag the
+    budget prints is one train_gpu.py takes, and the scheme it names is the one that runs."""
+    import os
+    import shlex
+    import signal
+    line, _ = _command("--d-model", "4096", "--n-layer", "32", "--gpus", "64", "--seq-len", "4096",
+                       "--micro-batch", "2", "--checkpoint-activations")
+    argv = shlex.split(line.split(None, 1)[1])
+    script = argv.index("code/train_gpu.py")
+    flags = argv[script + 1:]
+    tiny = {"--d-model": "32", "--n-layer": "2", "--n-head": "2", "--vocab-size": "8192", "--seq-len": "32",
+            "--micro-batch": "2", "--global-batch-tokens": "256", "--steps": "2"}
+    for k, v in tiny.items():
+        flags[flags.index(k) + 1] = v
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(REPO / "code" / "train_gpu.py"), *flags, "--device", "cpu", "--out", str(tmp_path / "run"),
+           "--sample-tokens", "0", "--log-every", "1", "--timeout-s", "60"]
+    print(shlex.join(cmd[2:]))
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=180)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    print(out)
+    assert p.returncode == 0, out + err
+    assert "FSDP2 over 2 processes, ZeRO-2" in out and "activation checkpointing: on" in out
+    assert "memory ledger (code/memory.py), ZeRO-2 on a GPU" in out and "step     2/2" in out

@@ -4,6 +4,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,3 +40,41 @@ def test_shell_parts_pass_bash_n():
     for part in ("setup", "run"):
         bash_n(sky[part])
     assert (REPO / "requirements.txt").is_file()  # what the SkyPilot setup installs
+
+
+def test_train_gpu_and_torchrun_accept_the_launch_line():
+    import sys
+    sys.path.insert(0, str(REPO / "code"))
+    from torch.distributed.run import get_args_parser
+    from train_gpu import build_parser
+    argv = shlex.split(torchrun_lines(SLURM.read_text(encoding="utf-8"))[0].replace('"', ""))[1:]
+    ns = get_args_parser().parse_args(argv)  # the launcher's own flags
+    assert "SIGUSR1" in ns.signals_to_handle and "SIGTERM" in ns.signals_to_handle
+    args = build_parser().parse_args(ns.training_script_args)
+    assert args.auto_resume and args.out == "$OUT"
+
+
+@pytest.mark.parametrize("status, requeued, rc", [(75, True, 0), (3, False, 1), (None, False, 1)])
+def test_slurm_requeues_on_the_preemption_status(tmp_path, status, requeued, rc):
+    """The batch file run with stub srun/scontrol: torchrun exits 1 whatever happened; the status rank 0
+    recorded in run.json decides whether the job is requeued."""
+    import json
+    import os
+    import sys
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/scontrol.log\necho node1\n')
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    if status is not None:
+        (out / "run.json").write_text(json.dumps({"exit_code": status}))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(out), "SLURM_NNODES": "2",
+           "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_ID": "42"}
+    r = subprocess.run(["bash", str(SLURM)], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == rc, r.stdout + r.stderr
+    log = (tmp_path / "scontrol.log").read_text()
+    assert ("requeue 42" in log) == requeued, log

@@ -31,7 +31,8 @@ def test_ids_are_each_line_then_eos_and_chunking_does_not_matter(tmp_path, sp):
     want = np.concatenate([expected_ids(sp, LINES), expected_ids(sp, ["青玉案｜辛弃疾｜东风夜放花千树。"])])
     for chunk in (1, 7, 1 << 22):
         out = tmp_path / f"out{chunk}.bin"
-        n = encode_files([a, b], out, chunk_chars=chunk, sp=sp)
+        n, lossy = encode_files([a, b], out, chunk_chars=chunk, sp=sp, allow_lossy=True)
+        assert lossy["lines"] == 1 and lossy["all_lines"] == 4  # "Hello, world 123!": its spaces
         got = np.fromfile(out, dtype=np.uint16)
         assert n == len(got) == len(want)
         assert np.array_equal(got, want)
@@ -39,6 +40,20 @@ def test_ids_are_each_line_then_eos_and_chunking_does_not_matter(tmp_path, sp):
     docs = np.split(got, np.flatnonzero(got == sp.eos_id()) + 1)[:-1]
     assert [sp.decode(d[:-1].tolist()).replace("\u2581", " ") for d in docs] == [x.rstrip("\r") for x in LINES if x.strip()] + \
         ["青玉案｜辛弃疾｜东风夜放花千树。"]
+
+
+def test_text_the_book_tokenizer_cannot_represent_is_refused_with_how_much(tmp_path, capsys):
+    text = tmp_path / "en.txt"
+    text.write_text("浣溪沙｜晏殊｜一曲新词酒一杯。\nplain English text\n青玉案｜辛弃疾｜东风夜放花千树。\n", encoding="utf-8")
+    out = tmp_path / "out.bin"
+    with pytest.raises(SystemExit) as e:
+        main([str(text), "--out", str(out)])
+    msg = e.value.code
+    assert "cannot represent 1 of 3 lines exactly" in msg and "--train-tokenizer" in msg and "\n" not in msg
+    assert "' ' at character 6 decodes as '▁'" in msg
+    assert not out.exists() and not (tmp_path / "out.bin.tmp").exists()
+    main([str(text), "--out", str(out), "--allow-lossy"])
+    assert "warning: --allow-lossy: 1 of 3 lines" in capsys.readouterr().out and out.is_file()
 
 
 def test_bad_utf8_is_one_sentence_and_leaves_no_output(tmp_path, capsys):
