@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 # ---- command-line arguments: arguments.py (torch-free, so budget.py runs in the browser) ----
 
-from arguments import Parser, fail, number, positive, positive_int  # noqa: E402,F401  (re-exported)
+from arguments import REFUSED, Parser, fail, number, positive, positive_int  # noqa: E402,F401  (re-exported)
 
 
 # ---- files that are either old or new, never half-written ----

@@ -93,6 +93,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -109,6 +110,7 @@ from script_support import (  # noqa: E402
     accumulate_gradients,
     append_jsonl,
     atomic_write,
+    REFUSED,
     fail,
     generate,
     launch_ranks,
@@ -123,11 +125,10 @@ from shapes import flops_per_token  # noqa: E402
 from train import bits_per_byte, configure_optimizer, evaluate, lr_at  # noqa: E402
 
 from data import (  # noqa: E402,E501
-    CorpusError,
     fixed_batches,
     get_batch,
     load_tokenizer,
-    load_tokens,
+    load_tokens_or_exit,
     token_bytes,
     tokenizer_path_for,
 )
@@ -143,6 +144,11 @@ EXIT_NAN, EXIT_TIMEOUT, EXIT_PREEMPTED = 3, 4, 75  # 75: EX_TEMPFAIL, "try again
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 COLLECTIVE_WORDS = ("gloo", "NCCL", "Timed out", "timed out", "Connection closed")  # a failed collective's words
 DEFAULT_GLOBAL_BATCH_TOKENS = 2**19  # 524,288 tokens per step, GPT-3 Small's 0.5M
+
+
+def refuse(message: str) -> NoReturn:
+    """A bad file, setting or checkpoint: one line on stderr and exit status 1 (a bad argument is argparse's 2)."""
+    fail(message, REFUSED)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -233,10 +239,10 @@ def setup_device(args, local_rank: int) -> torch.device:
     """The device this process trains on: GPU number local_rank, or the CPU."""
     if args.device == "cuda":
         if not torch.cuda.is_available():
-            fail("--device cuda was asked for, but this machine has no CUDA GPU that torch can use; "
+            refuse("--device cuda was asked for, but this machine has no CUDA GPU that torch can use; "
                  "for a smoke test on the CPU add --device cpu and a tiny config")
         if local_rank >= torch.cuda.device_count():
-            fail(f"process {local_rank} needs GPU {local_rank}, but only {torch.cuda.device_count()} are visible")
+            refuse(f"process {local_rank} needs GPU {local_rank}, but only {torch.cuda.device_count()} are visible")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         return device
@@ -250,32 +256,29 @@ class TokenSource:
     def __init__(self, path, vocab_size: int, seq_len: int, tokenizer=None):
         need = seq_len + 2  # one window of seq_len + 1 tokens, and room to draw it
         if path is None:
-            try:
-                book = load_tokens()
-            except CorpusError as e:
-                fail(str(e))
+            book = load_tokens_or_exit()
             self.train, self.val = book.train, book.val
             self.name = "the book's 全宋词 tokens"
             default_tok = "book"
         else:
             path = Path(path)
             if not path.is_file():
-                fail(f"--data {path} does not exist or is not a file (make one with code/prepare_tokens.py)")
+                refuse(f"--data {path} does not exist or is not a file (make one with code/prepare_tokens.py)")
             size = path.stat().st_size
             if size % 2 or size == 0:
-                fail(f"--data {path.name} is not a uint16 token file (its size is odd or zero)")
+                refuse(f"--data {path.name} is not a uint16 token file (its size is odd or zero)")
             if size // 2 < need:
-                fail(f"--data {path.name} holds {size // 2:,} tokens, fewer than one sequence "
+                refuse(f"--data {path.name} holds {size // 2:,} tokens, fewer than one sequence "
                      f"(--seq-len {seq_len} + 2); use a longer file or a shorter --seq-len")
             # copy-on-write: a writable view for torch that never writes back to the file
             arr = np.memmap(path, dtype=np.uint16, mode="c")
             top = max(int(arr[i:i + (1 << 26)].max()) for i in range(0, len(arr), 1 << 26))
             if top >= vocab_size:
-                fail(f"--data {path.name} holds token id {top}, beyond --vocab-size {vocab_size}")
+                refuse(f"--data {path.name} holds token id {top}, beyond --vocab-size {vocab_size}")
             tokens = torch.from_numpy(arr)
             n_val = int(len(tokens) * HOLDOUT)
             if n_val < need or len(tokens) - n_val < need:
-                fail(f"--data {path.name} holds {len(tokens):,} tokens: its last 5% ({n_val:,}) held out for "
+                refuse(f"--data {path.name} holds {len(tokens):,} tokens: its last 5% ({n_val:,}) held out for "
                      f"validation is shorter than one sequence (--seq-len {seq_len} + 2); use a longer file")
             self.train, self.val = tokens[:len(tokens) - n_val], tokens[len(tokens) - n_val:]
             self.name = f"{path.name} (uint16 memmap; last 5%, {n_val:,} tokens, held out)"
@@ -291,13 +294,13 @@ class TokenSource:
         import sentencepiece as spm
         path = Path(source)
         if not path.is_file():
-            fail(f"--tokenizer {path} does not exist")
+            refuse(f"--tokenizer {path} does not exist")
         try:
             sp = spm.SentencePieceProcessor(model_file=str(path))
         except (RuntimeError, OSError):
-            fail(f"--tokenizer {path.name} is not a SentencePiece model")
+            refuse(f"--tokenizer {path.name} is not a SentencePiece model")
         if sp.get_piece_size() > vocab_size:
-            fail(f"--tokenizer {path.name} has {sp.get_piece_size():,} ids, more than --vocab-size {vocab_size:,}")
+            refuse(f"--tokenizer {path.name} has {sp.get_piece_size():,} ids, more than --vocab-size {vocab_size:,}")
         return sp, path.name
 
     def __len__(self):
@@ -577,21 +580,21 @@ def check_checkpoint(path: Path, config: dict) -> dict:
         state = json.loads((path / STATE_NAME).read_text(encoding="utf-8"))
         step = int(state["step"])
     except (OSError, ValueError, KeyError, TypeError):
-        fail(f"--resume: {path.name}/{STATE_NAME} is not a train_gpu.py training state")
+        refuse(f"--resume: {path.name}/{STATE_NAME} is not a train_gpu.py training state")
     if state.get("model_config") != config:
-        fail(f"--resume: the checkpoint's model {state.get('model_config')} differs from this run's {config}")
+        refuse(f"--resume: the checkpoint's model {state.get('model_config')} differs from this run's {config}")
     try:
         metadata = _safe_reader(path).read_metadata()
         files = {}
         for info in metadata.storage_data.values():
             files[info.relative_path] = max(files.get(info.relative_path, 0), info.offset + info.length)
     except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError, OSError) as e:
-        fail(f"--resume: {path.name}/.metadata cannot be read safely ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+        refuse(f"--resume: {path.name}/.metadata cannot be read safely ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
              "it is damaged or was not written by torch.distributed.checkpoint")
     for name, size in sorted(files.items()):
         f = path / name
         if not f.is_file() or f.stat().st_size < size:
-            fail(f"--resume: shard file {path.name}/{name} is {'missing' if not f.is_file() else 'truncated'}; "
+            refuse(f"--resume: shard file {path.name}/{name} is {'missing' if not f.is_file() else 'truncated'}; "
                  "the checkpoint cannot be loaded (an earlier one was removed when it completed)")
     state["step"] = step
     return state
@@ -610,7 +613,7 @@ def load_checkpoint(t: Trainer, path: Path, state: dict) -> int:
         set_state_dict(t.model, t.opt, model_state_dict=target["model"], optim_state_dict=target["optim"],
                        options=StateDictOptions(strict=False))
     except Exception as e:  # DCP wraps a rank's failure in CheckpointException; all mean the same here
-        fail(f"--resume: {path.name} does not fit this model and optimizer "
+        refuse(f"--resume: {path.name} does not fit this model and optimizer "
              f"({(str(e).strip().splitlines() or [type(e).__name__])[-1][:200]})")
     t.sampler.gen.set_state(target["sampler_rng"])
     torch.set_rng_state(target["cpu_rng"])
@@ -689,7 +692,7 @@ def resolve_precision(choice: str, device: torch.device) -> str:
     if choice == "auto":
         return "bf16" if has_bf16 else "fp16"
     if choice == "bf16" and not has_bf16:
-        fail(f"--precision bf16: {torch.cuda.get_device_name(device)} has no bf16 tensor cores; use fp16 or auto")
+        refuse(f"--precision bf16: {torch.cuda.get_device_name(device)} has no bf16 tensor cores; use fp16 or auto")
     return choice
 
 
@@ -778,15 +781,15 @@ def main(argv=None):
     out = Path(args.out)
     problem = output_problem(out, "dir")
     if problem:
-        fail(f"--out {problem}")
+        refuse(f"--out {problem}")
     found = complete_checkpoints(out)
     resume = None
     if args.resume or (args.auto_resume and found):
         if not found:
-            fail(f"--resume: there is no complete checkpoint in {out / CKPT_DIR}")
+            refuse(f"--resume: there is no complete checkpoint in {out / CKPT_DIR}")
         resume = (found[-1], check_checkpoint(found[-1], model_config(args)))
     elif found:
-        fail(f"{found[-1]} exists; pass --resume to continue it or choose another --out")
+        refuse(f"{found[-1]} exists; pass --resume to continue it or choose another --out")
     device = setup_device(args, ranks.local_rank)
     precision = resolve_precision(args.precision, device)
     data = TokenSource(args.data, args.vocab_size, args.seq_len, args.tokenizer)
