@@ -45,22 +45,19 @@ def evaluate(model, batches) -> float:
     return sum(losses) / len(losses)
 
 
-@torch.no_grad()
-def bits_per_byte(model, batches, byte_counts: torch.Tensor) -> tuple[float, float]:
+def bits_per_byte(model, batches, byte_counts: torch.Tensor, losses=None) -> tuple[float, float]:
     """(mean loss in nats per token, bits per byte) over fixed batches.
 
     Bits per byte = total nats over all target tokens / ln 2 / UTF-8 bytes those targets decode to;
     unlike loss per token it does not depend on how the tokenizer cuts the text. byte_counts: the
-    bytes each token id stands for (data.token_bytes)."""
-    was_training = model.training
-    model.eval()
-    nats, n_tokens, n_bytes = 0.0, 0, 0
-    for x, y in batches:
-        _, loss = model(x, y)  # the mean over the targets, without all the logits at once
-        nats += loss.item() * y.numel()
-        n_tokens += y.numel()
-        n_bytes += int(byte_counts[y].sum())
-    model.train(was_training)
+    bytes each token id stands for (data.token_bytes). losses: each batch's mean loss if the model
+    was just evaluated on these batches (e.g. History.val_batch_losses[-1]), so they are not run
+    again; by default they are computed (batch_losses)."""
+    if losses is None:
+        losses = batch_losses(model, batches)
+    nats = sum(loss * y.numel() for loss, (_, y) in zip(losses, batches, strict=True))
+    n_tokens = sum(y.numel() for _, y in batches)
+    n_bytes = sum(int(byte_counts[y].sum()) for _, y in batches)
     return nats / n_tokens, nats / math.log(2) / n_bytes
 
 
@@ -86,11 +83,15 @@ class History:
     val_steps: list = field(default_factory=list)
     val_loss: list = field(default_factory=list)
     val_batch_losses: list = field(default_factory=list)  # per evaluation: the loss of each val batch
+    val_seconds: list = field(default_factory=list)  # per evaluation: seconds since training began
     seconds: float = 0.0
 
 
-def train(model, train_tokens, cfg: TrainConfig, val_batches=None, log=None) -> History:
-    """Train `model` in place on random windows of `train_tokens`; evaluate every cfg.eval_every steps."""
+def train(model, train_tokens, cfg: TrainConfig, val_batches=None, log=None, on_eval=None) -> History:
+    """Train `model` in place on random windows of `train_tokens`; evaluate every cfg.eval_every steps.
+
+    After each evaluation, log (e.g. print) gets a line with the step and the losses, and
+    on_eval(hist) is called with the history so far (e.g. to show progress in a long loop)."""
     gen = torch.Generator().manual_seed(cfg.seed)
     opt = configure_optimizer(model, cfg.lr, cfg.weight_decay, cfg.betas)
     hist = History()
@@ -113,6 +114,9 @@ def train(model, train_tokens, cfg: TrainConfig, val_batches=None, log=None) -> 
             losses = batch_losses(model, val_batches)
             hist.val_batch_losses.append(losses)
             hist.val_loss.append(sum(losses) / len(losses))
+            hist.val_seconds.append(time.perf_counter() - t0)
+            if on_eval:
+                on_eval(hist)
             if log:
                 log(f"step {done:4d}  train loss {hist.train_loss[-1]:.4f}  val loss {hist.val_loss[-1]:.4f}")
     hist.seconds = time.perf_counter() - t0
