@@ -239,7 +239,8 @@ def estimate(*, n_params: float, gpus: int, peak_flops: float, mfu: float, token
     flops = per_token * tokens
     hours = train_hours(flops, gpus, peak_flops, mfu)
     step_tokens = gpus * micro_batch * seq_len * grad_accum
-    step = dict(tokens=step_tokens, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, steps=tokens / step_tokens, link_bytes_s=link_bytes_s,
+    step = dict(tokens=step_tokens, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum,
+                steps=tokens / step_tokens, link_bytes_s=link_bytes_s,
                 compute_s=per_token * step_tokens / (gpus * peak_flops * mfu))
     out = dict(n_params=n_params, tokens=tokens, flops=flops, gpus=gpus, hours=hours, gpu_hours=hours * gpus,
                attention_share=None if shape is None else attention_share(shape, n_params),
@@ -385,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="budget.py", description="Estimate compute, time, cost and memory of a GPT training run. "
                            "With no arguments: print the rule of thumb's reference table and the corrected one.")
     p.add_argument("--params", type=positive, help="parameters N (e.g. 1.3e9 or 1.3B); default: from the shape")
-    p.add_argument("--d-model", type=positive_int, help="hidden size h (with --n-layer: the shape, for FLOPs and memory)")
+    p.add_argument("--d-model", type=positive_int,
+                   help="hidden size h (with --n-layer: the shape, for FLOPs and memory)")
     p.add_argument("--n-layer", type=positive_int, help="layers L")
     p.add_argument("--n-head", type=positive_int, help="attention heads (default: d-model / 64)")
     p.add_argument("--vocab-size", type=positive_int, default=8192,
@@ -415,7 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-node", type=positive_int, default=DEFAULT_GPUS_PER_NODE,
                    help=f"GPUs in one machine (default {DEFAULT_GPUS_PER_NODE}); more GPUs span machines")
     p.add_argument("--node-link-gbit", type=positive, default=DEFAULT_NODE_LINK_GBIT,
-                   help=f"network port per GPU between machines, Gb/s (default {DEFAULT_NODE_LINK_GBIT}, InfiniBand NDR)")
+                   help=f"network port per GPU between machines, Gb/s "
+                        f"(default {DEFAULT_NODE_LINK_GBIT}, InfiniBand NDR)")
     return p
 
 

@@ -17,7 +17,7 @@ Pure Python except `trace_saved_bytes` (which imports torch when called).
 """
 from dataclasses import dataclass
 
-from shapes import matrix_param_count, mlp_hidden
+from shapes import mlp_hidden
 
 # ---- state: bytes per parameter ------------------------------------------------------------------
 

@@ -5,9 +5,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from shapes import mlp_hidden
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
+
+from shapes import mlp_hidden
 
 
 @dataclass

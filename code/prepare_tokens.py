@@ -182,7 +182,8 @@ def main(argv=None):
     except (ValueError, CorpusError) as e:
         fail(str(e))
     chars = sum(path.stat().st_size for path in paths)
-    print(f"wrote {n:,} tokens ({2 * n / 1e6:,.1f} MB) to {out.name} from {len(paths)} file(s), {chars / 1e6:,.1f} MB of text")
+    print(f"wrote {n:,} tokens ({2 * n / 1e6:,.1f} MB) to {out.name} from {len(paths)} file(s), "
+          f"{chars / 1e6:,.1f} MB of text")
     marked = sum("\u2581" in line for line in text_lines(paths)) if args.train_tokenizer else 0
     if marked:
         print(f"note: {marked:,} line(s) hold the character U+2581 '▁', which SentencePiece decodes as a space")

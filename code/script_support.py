@@ -20,7 +20,6 @@ the other way round.
 """
 import contextlib
 import os
-import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import NamedTuple
@@ -28,11 +27,8 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-
 # ---- command-line arguments: arguments.py (torch-free, so budget.py runs in the browser) ----
-
 from arguments import REFUSED, Parser, fail, number, positive, positive_int  # noqa: E402,F401  (re-exported)
-
 
 # ---- files that are either old or new, never half-written ----
 

@@ -100,17 +100,25 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from data import (  # noqa: E402,E501
+    fixed_batches,
+    get_batch,
+    load_tokenizer,
+    load_tokens_or_exit,
+    token_bytes,
+    tokenizer_path_for,
+)
 from gpus import describe_peak  # noqa: E402
 from measure import git_state  # noqa: E402
 from memory import SCHEME_NAMES, Shape, state_bytes, step_bytes  # noqa: E402
 from model import GPT, GPTConfig, init_per_parameter  # noqa: E402
 from script_support import (  # noqa: E402
+    REFUSED,
     Parser,
     ScaledLoss,
     accumulate_gradients,
     append_jsonl,
     atomic_write,
-    REFUSED,
     fail,
     generate,
     launch_ranks,
@@ -123,15 +131,6 @@ from script_support import (  # noqa: E402
 )
 from shapes import flops_per_token  # noqa: E402
 from train import bits_per_byte, configure_optimizer, evaluate, lr_at  # noqa: E402
-
-from data import (  # noqa: E402,E501
-    fixed_batches,
-    get_batch,
-    load_tokenizer,
-    load_tokens_or_exit,
-    token_bytes,
-    tokenizer_path_for,
-)
 
 CKPT_DIR = "checkpoints"
 STATE_NAME = "train_state.json"
@@ -589,8 +588,9 @@ def check_checkpoint(path: Path, config: dict) -> dict:
         for info in metadata.storage_data.values():
             files[info.relative_path] = max(files.get(info.relative_path, 0), info.offset + info.length)
     except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError, OSError) as e:
-        refuse(f"--resume: {path.name}/.metadata cannot be read safely ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
-             "it is damaged or was not written by torch.distributed.checkpoint")
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        refuse(f"--resume: {path.name}/.metadata cannot be read safely ({why}); "
+               "it is damaged or was not written by torch.distributed.checkpoint")
     for name, size in sorted(files.items()):
         f = path / name
         if not f.is_file() or f.stat().st_size < size:
@@ -755,7 +755,9 @@ def now() -> str:
 
 def describe_run(t: Trainer, data: TokenSource, log: RunLog, ledger: float) -> None:
     args, n = t.args, t.raw.num_params()
-    scheme = (f"FSDP2 over {t.world} processes, {'ZeRO-3: weights freed after forward' if args.reshard_after_forward else 'ZeRO-2: weights kept from forward to backward'}"
+    zero = ('ZeRO-3: weights freed after forward' if args.reshard_after_forward
+            else 'ZeRO-2: weights kept from forward to backward')
+    scheme = (f"FSDP2 over {t.world} processes, {zero}"
               if t.sharded else f"DDP over {t.world} processes" if t.world > 1 else "1 process")
     precision = {"bf16": "bf16", "fp16": "fp16 + GradScaler", "fp32": "fp32"}[t.precision]
     if t.precision != "fp32":
@@ -848,8 +850,9 @@ def run(args, device, rank: int, world: int, accum: int, precision: str, data: T
         optimizer_step(t)
         if held:
             held["optimizer"] = held_bytes(t)["optimizer"]  # AdamW's moments exist from the first step
-            log("state held by process 0, counted from its local shards: " + ", ".join(
-                f"{k} {v / 2**20:,.2f} MiB" for k, v in held.items()) + f" (ledger {ledger_state_mib(t):,.2f} MiB in all)")
+            parts = ", ".join(f"{k} {v / 2**20:,.2f} MiB" for k, v in held.items())
+            log(f"state held by process 0, counted from its local shards: {parts} "
+                f"(ledger {ledger_state_mib(t):,.2f} MiB in all)")
         if log_now:
             dt = time.perf_counter() - clock  # .item() below waits for the device: the clock is honest
             log_step(t, log, done, mean_across_ranks(loss_sum / steps_since).item(), norm.item(), steps_since,

@@ -166,16 +166,18 @@ def luminance(rgb):
 
 def edge_pixels(png_bytes):
     """The pixels halfway along each edge of an element's screenshot, 3 px inside."""
-    from PIL import Image
     import io
+
+    from PIL import Image
     im = Image.open(io.BytesIO(png_bytes)).convert("RGB")
     w, h = im.size
     return [im.getpixel(xy) for xy in ((3, h // 2), (w - 4, h // 2), (w // 2, 3), (w // 2, h - 4))]
 
 
 def test_edge_pixels_tell_a_light_figure_from_a_transparent_one():
-    from PIL import Image
     import io
+
+    from PIL import Image
 
     def png(color):
         buf = io.BytesIO()
@@ -188,6 +190,7 @@ def test_edge_pixels_tell_a_light_figure_from_a_transparent_one():
 def test_png_corners_see_a_transparent_figure(browser):
     import base64
     import io
+
     from PIL import Image
     buf = io.BytesIO()
     Image.new("RGBA", (20, 10), (255, 255, 255, 0)).save(buf, format="PNG")

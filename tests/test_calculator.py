@@ -24,8 +24,8 @@ from test_browser import browser, site  # noqa: E402,F401  (fixtures: the strict
 
 import arguments  # noqa: E402
 import budget  # noqa: E402
-from gpus import CATALOG  # noqa: E402
 import memory  # noqa: E402
+from gpus import CATALOG  # noqa: E402
 
 N_CONFIGS = 220
 SEED = 7
@@ -196,7 +196,7 @@ SHOWN = """() => {
 
 
 @pytest.fixture(scope="module")
-def calculator(site, browser):
+def calculator(site, browser):  # noqa: F811  (the fixtures imported from test_browser)
     """The chapter's page with the calculator loaded; every request that is not to the local server fails."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     blocked, errors = [], []

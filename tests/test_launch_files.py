@@ -46,6 +46,7 @@ def test_train_gpu_and_torchrun_accept_the_launch_line():
     import sys
     sys.path.insert(0, str(REPO / "code"))
     from torch.distributed.run import get_args_parser
+
     from train_gpu import build_parser
     argv = shlex.split(torchrun_lines(SLURM.read_text(encoding="utf-8"))[0].replace('"', ""))[1:]
     ns = get_args_parser().parse_args(argv)  # the launcher's own flags

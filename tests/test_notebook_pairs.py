@@ -22,7 +22,8 @@ def test_md_and_ipynb_have_the_same_cells(md):
     assert ipynb.is_file(), f"{md.name} has no paired {ipynb.name}; run python -m bookbuild.refresh {md.name}"
     a, b = cells(jupytext.read(md)), cells(jupytext.read(ipynb))
     for i, (ca, cb) in enumerate(zip(a, b)):
-        assert ca == cb, f"cell {i} differs between {md.name} and {ipynb.name}; run python -m bookbuild.refresh {md.name}"
+        assert ca == cb, (f"cell {i} differs between {md.name} and {ipynb.name}; "
+                          f"run python -m bookbuild.refresh {md.name}")
     assert len(a) == len(b), f"{md.name} has {len(a)} cells, {ipynb.name} has {len(b)}"
 
 

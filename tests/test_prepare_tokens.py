@@ -38,13 +38,14 @@ def test_ids_are_each_line_then_eos_and_chunking_does_not_matter(tmp_path, sp):
         assert np.array_equal(got, want)
     # the ids decode back to the text, one document per eos (this tokenizer decodes a space as ▁)
     docs = np.split(got, np.flatnonzero(got == sp.eos_id()) + 1)[:-1]
-    assert [sp.decode(d[:-1].tolist()).replace("\u2581", " ") for d in docs] == [x.rstrip("\r") for x in LINES if x.strip()] + \
-        ["青玉案｜辛弃疾｜东风夜放花千树。"]
+    want = [x.rstrip("\r") for x in LINES if x.strip()] + ["青玉案｜辛弃疾｜东风夜放花千树。"]
+    assert [sp.decode(d[:-1].tolist()).replace("\u2581", " ") for d in docs] == want
 
 
 def test_text_the_book_tokenizer_cannot_represent_is_refused_with_how_much(tmp_path, capsys):
     text = tmp_path / "en.txt"
-    text.write_text("浣溪沙｜晏殊｜一曲新词酒一杯。\nplain English text\n青玉案｜辛弃疾｜东风夜放花千树。\n", encoding="utf-8")
+    lines = ["浣溪沙｜晏殊｜一曲新词酒一杯。", "plain English text", "青玉案｜辛弃疾｜东风夜放花千树。"]
+    text.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     out = tmp_path / "out.bin"
     with pytest.raises(SystemExit) as e:
         main([str(text), "--out", str(out)])

@@ -9,8 +9,16 @@ import torch.distributed as dist
 
 from data import REPO
 from model import GPT, GPTConfig
-from script_support import (Parser, accumulate_gradients, atomic_write, mean_across_ranks, positive_int,
-                            process_group, save_atomic, set_lr)
+from script_support import (
+    Parser,
+    accumulate_gradients,
+    atomic_write,
+    mean_across_ranks,
+    positive_int,
+    process_group,
+    save_atomic,
+    set_lr,
+)
 
 CODE = REPO / "code"
 
