@@ -15,23 +15,91 @@ from script_support import accumulate_gradients
 from shapes import flops_per_token  # noqa: F401  (one formula; chapters and scripts import it from here)
 
 
-def time_it(fn, warmup: int = 2, repeats: int = 5) -> dict:
-    """Call fn() `warmup` times untimed (compilation, allocator, caches), then `repeats` times timed.
+CALL_BUDGET_S = 1.0  # the most one timed call of a probe that can choose its size should take
+PROBE_BUDGET_S = 20.0  # the most the timed calls of one probe (calibration included) should take
 
-    Returns the warm-up seconds of each warm-up call and the median and min of the timed calls in
-    seconds. The median resists a stray slow call from elsewhere on the machine.
+clock = time.perf_counter  # every timing here reads this clock (a test replaces it with a fake one)
+
+
+def _timed(fn) -> float:
+    t0 = clock()
+    fn()
+    return clock() - t0
+
+
+def time_steps(fns: dict, warmup: int = 2, repeats: int = 5, rounds: int = 1, budget_s: float | None = None,
+               agree=None) -> dict:
+    """Time several no-argument functions fairly on a shared machine: the one timing loop of the book.
+
+    Each fn is first called `warmup` times (compilation, allocator, caches; reported as warmup_s,
+    never budgeted). Then up to `rounds` rounds each call every fn `repeats` times in turn, so a
+    burst of load from elsewhere hits all of them alike.
+
+    budget_s: the most the timed calls may take together. The plan is made before the first timed
+    call from each fn's last warm-up (without warm-ups, from a first round of one call each): as many
+    whole rounds as fit, or, if one round does not fit, one round with fewer repeats. Every fn gets
+    at least one timed call, so a single call longer than budget_s is the one way to exceed it.
+    agree: a function applied to the planned (repeats, rounds) before timing, e.g. the minimum over
+    the ranks of a process group, so that every rank makes the same calls (collectives).
+
+    Returns {name: {"warmup_s", "times_s", "median_s", "min_s", "repeats", "rounds"}}; min_s is the
+    best call.
     """
-    warm = []
-    for _ in range(warmup):
-        t0 = time.perf_counter()
-        fn()
-        warm.append(time.perf_counter() - t0)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return {"warmup_s": warm, "median_s": statistics.median(times), "min_s": min(times), "times_s": times}
+    out = {name: {"warmup_s": [_timed(fn) for _ in range(warmup)], "times_s": []} for name, fn in fns.items()}
+    if budget_s is not None:
+        spent = 0.0
+        if not warmup:  # nothing to plan from yet: a first round of one call each, kept as timed calls
+            for name, fn in fns.items():
+                out[name]["times_s"].append(_timed(fn))
+                spent += out[name]["times_s"][-1]
+        per_call = sum((r["warmup_s"] or r["times_s"])[-1] for r in out.values())  # one call of every fn
+        fit = fit_calls(budget_s - spent, per_call, most=repeats * rounds, least=0 if spent else 1)
+        if fit >= repeats:
+            rounds = min(rounds, fit // repeats)
+        else:
+            repeats, rounds = fit, 1
+    if agree is not None:
+        repeats, rounds = agree((repeats, rounds))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            out[name]["times_s"] += [_timed(fn) for _ in range(repeats)]
+    for r in out.values():
+        r["median_s"] = statistics.median(r["times_s"])
+        r["min_s"] = min(r["times_s"])
+        r["repeats"], r["rounds"] = repeats, rounds
+    return out
+
+
+def fit_calls(budget_s: float, call_s: float, most: int, least: int = 1) -> int:
+    """How many calls of call_s seconds fit in budget_s: between `least` and `most`."""
+    fit = int(budget_s // call_s) if call_s > 0 else most
+    return max(least, min(most, fit))
+
+
+def time_it(fn, warmup: int = 2, repeats: int = 5, budget_s: float | None = None) -> dict:
+    """time_steps for one fn: its warm-up seconds, and the median and min of its timed calls."""
+    return time_steps({"fn": fn}, warmup=warmup, repeats=repeats, budget_s=budget_s)["fn"]
+
+
+def choose_size(make, sizes, work, call_budget_s: float = CALL_BUDGET_S, margin: float = 2.0) -> dict:
+    """Calibrate: the largest of `sizes` (ascending) whose one call fits in call_budget_s.
+
+    make(size) returns a no-argument fn; work(size) its amount of work (e.g. FLOPs). Starting from
+    the smallest, each size is called twice (a warm-up, then a timed call); the next size is tried only
+    if this call × the ratio of work × `margin` fits in call_budget_s. The margin covers kernels that
+    get slower per unit of work as the size grows (a bf16 matmul without bf16 instructions does).
+    Returns {"size", "fn", "call_s" (the chosen size's timed call), "spent_s" (all calibration calls)}.
+    """
+    sizes = sorted(sizes)
+    spent = 0.0
+    for i, size in enumerate(sizes):
+        fn = make(size)
+        warm = _timed(fn)
+        call = _timed(fn)
+        spent += warm + call
+        nxt = sizes[i + 1] if i + 1 < len(sizes) else None
+        if nxt is None or call * work(nxt) / work(size) * margin > call_budget_s:
+            return {"size": size, "fn": fn, "call_s": call, "spent_s": spent}
 
 
 def matmul_fn(dtype=torch.float32, n: int = 2048):
@@ -42,11 +110,34 @@ def matmul_fn(dtype=torch.float32, n: int = 2048):
     return (lambda: torch.mm(a, b)), 2 * n**3
 
 
-def matmul_peak(dtype=torch.float32, n: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of an n×n×n matmul in `dtype` on this CPU: the practical peak to measure MFU against."""
-    fn, flops = matmul_fn(dtype, n)
-    stats = time_it(fn, warmup=2, repeats=repeats)
-    return flops / stats["min_s"]
+MATMUL_SIZES = (128, 256, 512, 1024, 2048)
+
+
+def matmul_probe(dtype=torch.float32, sizes=MATMUL_SIZES, call_budget_s: float = CALL_BUDGET_S,
+                 budget_s: float = PROBE_BUDGET_S, repeats: int = 5) -> dict:
+    """This CPU's matmul speed in `dtype` within a time budget: the size is calibrated (choose_size,
+    at most 2048³), then up to `repeats` calls are timed within what is left of budget_s.
+
+    Returns {"n", "fn", "flops" (of one call), "flops_s" (of the fastest call), "calls", "seconds"}.
+    Without instructions for `dtype` (bf16 on an AVX2 CPU) the chosen n is small, and the result is
+    the speed of a software fallback, not a ceiling of the hardware."""
+    made = {}
+
+    def make(n):
+        made[n] = matmul_fn(dtype, n)
+        return made[n][0]
+    pick = choose_size(make, sizes, lambda n: n**3, call_budget_s)
+    n, (fn, flops) = pick["size"], made[pick["size"]]
+    stats = time_it(fn, warmup=0, repeats=repeats, budget_s=max(0.0, budget_s - pick["spent_s"]))
+    best = min(stats["min_s"], pick["call_s"])
+    return {"n": n, "fn": fn, "flops": flops, "flops_s": flops / best, "calls": len(stats["times_s"]),
+            "seconds": pick["spent_s"] + sum(stats["times_s"])}
+
+
+def matmul_peak(dtype=torch.float32, **kw) -> float:
+    """FLOP/s of the largest n×n×n matmul in `dtype` that fits the budget: the practical peak to
+    measure MFU against (matmul_probe's flops_s)."""
+    return matmul_probe(dtype, **kw)["flops_s"]
 
 
 def cpu_name() -> str:
@@ -57,6 +148,35 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> set:
+    """The CPU's feature flags as Linux lists them (/proc/cpuinfo), or an empty set elsewhere."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):  # x86, Arm
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+EMULATION_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")  # cap the kernels' ISA
+
+
+def cpu_isa(flags: set | None = None, machine: str | None = None) -> str:
+    """The vector and matrix instructions torch can use here, in words: 'AVX2', 'AVX-512 + avx512_bf16
+    + AMX', 'NEON + bf16', ...; with the kernels torch picked, and any variable that caps them."""
+    flags = cpu_flags() if flags is None else flags
+    machine = (machine or platform.machine()).lower()
+    if machine in ("arm64", "aarch64"):
+        parts = ["NEON"] + [f for f in ("sve", "bf16") if f in flags]
+    else:
+        parts = ["AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE/other"]
+        parts += [f for f in ("avx512_bf16",) if f in flags] + (["AMX"] if "amx_bf16" in flags else [])
+    text = " + ".join(parts) + f" (torch kernels: {torch.backends.cpu.get_cpu_capability()})"
+    capped = [f"{v}={os.environ[v]}" for v in EMULATION_VARS if os.environ.get(v)]
+    return text + (", capped by " + " ".join(capped) if capped else "")
 
 
 def git_state() -> tuple[str | None, bool | None]:
@@ -86,6 +206,7 @@ def experiment_record() -> dict:
         "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
         "git commit": git_commit(),
         "CPU": cpu_name(),
+        "ISA": cpu_isa(),
         "CPU cores": os.cpu_count(),
         "torch threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -131,30 +252,6 @@ def training_step_fn(model, opt, x, y, autocast_dtype=None, accum: int = 1):
         opt.step()
         return loss
     return step
-
-
-def time_steps(fns: dict, warmup: int = 2, repeats: int = 5, rounds: int = 1) -> dict:
-    """Time several step functions fairly on a shared machine.
-
-    Each fn is first called `warmup` times (compilation, allocator, caches; reported as warmup_s).
-    Then `rounds` rounds each call every fn `repeats` times in turn, so a burst of load from
-    elsewhere hits all of them alike. Returns {name: time_it-style dict}; min_s is the best call.
-    """
-    out = {}
-    for name, fn in fns.items():
-        warm = []
-        for _ in range(warmup):
-            t0 = time.perf_counter()
-            fn()
-            warm.append(time.perf_counter() - t0)
-        out[name] = {"warmup_s": warm, "times_s": []}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            out[name]["times_s"] += time_it(fn, warmup=0, repeats=repeats)["times_s"]
-    for r in out.values():
-        r["median_s"] = statistics.median(r["times_s"])
-        r["min_s"] = min(r["times_s"])
-    return out
 
 
 class _quiet_fd2:

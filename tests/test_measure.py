@@ -1,10 +1,13 @@
+import math
+
 import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from measure import (flops_per_token, matmul_peak, peak_memory, time_it, time_steps,
-                     training_step_fn)
+import measure
+from measure import (choose_size, cpu_isa, flops_per_token, matmul_peak, matmul_probe, peak_memory, time_it,
+                     time_steps, training_step_fn)
 from model import GPT, GPTConfig
 
 SMALL = dict(d_model=64, n_layer=2, n_head=2, seq_len=32)
@@ -92,8 +95,91 @@ def test_peak_memory_measures_allocations():
 
 
 def test_matmul_peak_is_plausible():
-    flops = matmul_peak(torch.float32, n=256, repeats=3)
+    flops = matmul_peak(torch.float32, sizes=(128, 256), repeats=3)
     assert 1e8 < flops < 1e14
+
+
+class FakeClock:
+    """A clock that only the fake work below advances: calibration is driven without waiting."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.calls = []  # (size, seconds) of every fake call
+
+    def __call__(self):
+        return self.now
+
+    def work(self, seconds, size=None):
+        self.now += seconds
+        self.calls.append((size, seconds))
+
+
+def fake_matmul(clock, flops_per_s_at_128, slowdown_per_doubling):
+    """measure.matmul_fn's stand-in: an n³ matmul at a speed that falls by `slowdown_per_doubling`
+    each time n doubles (like bf16 without bf16 instructions), advancing the fake clock."""
+    def matmul_fn(dtype=torch.float32, n=2048):
+        speed = flops_per_s_at_128 / slowdown_per_doubling ** math.log2(n / 128)
+        return (lambda: clock.work(2 * n**3 / speed, n)), 2 * n**3
+    return matmul_fn
+
+
+@pytest.mark.parametrize("speed, slowdown, expect_n", [
+    (400e9, 1.0, 2048),  # fast bf16 hardware: the largest size fits
+    (60e9, 1.0, 2048),  # an AVX2 laptop's fp32: 2048³ is 0.29 s
+    (2.4e9, 1.25, 512),  # bf16 without bf16 instructions (0.6-2.4 GFLOPS, measured on an AVX2 CPU)
+    (0.3e9, 2.0, 256),  # a fallback far worse at scale than measured
+    (1e6, 1.0, 128),  # hopelessly slow: the smallest size, once timed, still within the budget
+])
+def test_matmul_probe_stays_within_its_budget_whatever_the_speed(monkeypatch, speed, slowdown, expect_n):
+    clock = FakeClock()
+    monkeypatch.setattr(measure, "clock", clock)
+    monkeypatch.setattr(measure, "matmul_fn", fake_matmul(clock, speed, slowdown))
+    probe = matmul_probe(torch.bfloat16, call_budget_s=1.0, budget_s=20.0, repeats=5)
+    assert probe["n"] == expect_n
+    if expect_n > 128:  # a size above the smallest is chosen only if its calls fit the per-call budget
+        assert max(s for _, s in clock.calls) <= 1.0
+    if speed > 1e9:
+        assert clock.now <= 20.0 and probe["seconds"] == pytest.approx(clock.now)
+        assert probe["calls"] >= 1 and probe["flops_s"] == pytest.approx(probe["flops"] / min(
+            s for n, s in clock.calls if n == probe["n"]))
+
+
+def test_time_steps_budget_cuts_rounds_then_repeats(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(measure, "clock", clock)
+    fns = {"a": lambda: clock.work(0.5, "a"), "b": lambda: clock.work(1.5, "b")}
+    res = time_steps(fns, warmup=1, repeats=3, rounds=10, budget_s=20.0)  # a round: 3 × 2 s = 6 s
+    assert res["a"]["rounds"] == 3 and len(res["b"]["times_s"]) == 9
+    timed = clock.now - 2.0  # after the warm-ups
+    assert timed <= 20.0
+    clock.now = 0.0
+    res = time_steps(fns, warmup=1, repeats=5, rounds=3, budget_s=5.0)  # not even one round fits
+    assert res["a"]["repeats"] == 2 and res["a"]["rounds"] == 1 and clock.now - 2.0 <= 5.0
+    clock.now = 0.0
+    res = time_steps(fns, warmup=1, repeats=5, budget_s=0.1)  # each fn still gets one timed call
+    assert len(res["a"]["times_s"]) == len(res["b"]["times_s"]) == 1
+    clock.now = 0.0
+    res = time_steps(fns, warmup=0, repeats=1, rounds=5, budget_s=7.0)  # planned from a first round
+    assert len(res["b"]["times_s"]) == 3 and clock.now <= 7.0
+    res = time_steps(fns, warmup=0, repeats=2, rounds=4, budget_s=7.0, agree=lambda plan: (1, 1))
+    assert len(res["a"]["times_s"]) == 2  # the calibration call and the one agreed
+
+
+def test_choose_size_tries_sizes_in_order_and_stops_before_the_budget(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(measure, "clock", clock)
+    pick = choose_size(lambda n: (lambda: clock.work(n * 1e-3, n)), [400, 100, 200, 800], work=lambda n: n,
+                       call_budget_s=1.0)
+    assert pick["size"] == 400  # 400 takes 0.4 s; 800 is predicted at 0.8 s × margin 2 > 1 s
+    assert [n for n, _ in clock.calls] == [100, 100, 200, 200, 400, 400] and pick["spent_s"] == pytest.approx(1.4)
+
+
+def test_cpu_isa_names_the_instruction_sets():
+    assert cpu_isa({"avx2", "fma"}, "x86_64").startswith("AVX2 (")
+    assert cpu_isa({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}, "x86_64").startswith(
+        "AVX-512 + avx512_bf16 + AMX (")
+    assert cpu_isa({"asimd", "bf16"}, "aarch64").startswith("NEON + bf16 (")
+    assert "torch kernels:" in cpu_isa()
 
 
 def test_profiler_buckets_follow_the_callers_and_shares_sum_to_one():
