@@ -28,7 +28,7 @@ def _timed(fn) -> float:
 
 
 def time_steps(fns: dict, warmup: int = 2, repeats: int = 5, rounds: int = 1, budget_s: float | None = None,
-               agree=None) -> dict:
+               agree=None, min_rounds: int = 1) -> dict:
     """Time several no-argument functions fairly on a shared machine: the one timing loop of the book.
 
     Each fn is first called `warmup` times (compilation, allocator, caches; reported as warmup_s,
@@ -39,6 +39,7 @@ def time_steps(fns: dict, warmup: int = 2, repeats: int = 5, rounds: int = 1, bu
     call from each fn's last warm-up (without warm-ups, from a first round of one call each): as many
     whole rounds as fit, or, if one round does not fit, one round with fewer repeats. Every fn gets
     at least one timed call, so a single call longer than budget_s is the one way to exceed it.
+    min_rounds: whole rounds kept even beyond the budget (2 to compare halves: round_halves).
     agree: a function applied to the planned (repeats, rounds) before timing, e.g. the minimum over
     the ranks of a process group, so that every rank makes the same calls (collectives).
 
@@ -58,6 +59,8 @@ def time_steps(fns: dict, warmup: int = 2, repeats: int = 5, rounds: int = 1, bu
             rounds = min(rounds, fit // repeats)
         else:
             repeats, rounds = fit, 1
+        if rounds < min_rounds:
+            repeats, rounds = max(1, min(repeats, fit // min_rounds)), min_rounds
     if agree is not None:
         repeats, rounds = agree((repeats, rounds))
     for _ in range(rounds):
@@ -68,6 +71,16 @@ def time_steps(fns: dict, warmup: int = 2, repeats: int = 5, rounds: int = 1, bu
         r["min_s"] = min(r["times_s"])
         r["repeats"], r["rounds"] = repeats, rounds
     return out
+
+
+def round_halves(times_s: list, rounds: int) -> tuple:
+    """(fastest call of the even rounds, fastest of the odd rounds) of one fn's timed calls, made in
+    `rounds` rounds of equal length: two runs taken in turns, whose ratio (≥ 1) is the noise of the
+    fastest call under this machine's load. Needs at least 2 rounds."""
+    if rounds < 2 or len(times_s) % rounds:
+        raise ValueError(f"{len(times_s)} calls do not make {rounds} ≥ 2 rounds of equal length")
+    k = len(times_s) // rounds
+    return tuple(min(t for r in range(first, rounds, 2) for t in times_s[r * k:(r + 1) * k]) for first in (0, 1))
 
 
 def fit_calls(budget_s: float, call_s: float, most: int, least: int = 1) -> int:

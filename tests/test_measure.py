@@ -96,7 +96,7 @@ def test_peak_memory_measures_allocations():
 
 def test_matmul_peak_is_plausible():
     flops = matmul_peak(torch.float32, sizes=(128, 256), repeats=3)
-    assert 1e8 < flops < 1e14
+    assert 1e6 < flops < 1e15  # loose: a machine shared by many jobs can be 100× slower than quiet
 
 
 class FakeClock:
@@ -196,3 +196,16 @@ def test_profiler_buckets_follow_the_callers_and_shares_sum_to_one():
     shares = bucket_shares(profile_step(training_step_fn(model, torch.optim.AdamW(model.parameters()), x, x)))
     assert set(shares) <= set(BUCKET_NAMES) and {"matmul", "optimizer"} <= set(shares)
     assert sum(shares.values()) == pytest.approx(1.0)
+
+
+def test_min_rounds_and_round_halves(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(measure, "clock", clock)
+    costs = iter([1.0, 2.0, 3.0, 4.0, 5.0] * 4)
+    res = time_steps({"a": lambda: clock.work(next(costs))}, warmup=1, repeats=2, rounds=3, budget_s=3.0,
+                     min_rounds=2)  # the budget fits one round of 2; kept: two rounds of 1 (the halves)
+    assert res["a"]["rounds"] == 2 and res["a"]["times_s"] == [2.0, 3.0]
+    assert measure.round_halves(res["a"]["times_s"], 2) == (2.0, 3.0)
+    assert measure.round_halves([5, 1, 4, 3, 2, 6], 3) == (1, 3)  # rounds (5, 1), (4, 3), (2, 6)
+    with pytest.raises(ValueError):
+        measure.round_halves([1.0, 2.0, 3.0], 2)
