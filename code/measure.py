@@ -54,7 +54,7 @@ def time_steps(fns: dict, warmup: int = 2, repeats: int = 5, rounds: int = 1, bu
                 out[name]["times_s"].append(_timed(fn))
                 spent += out[name]["times_s"][-1]
         per_call = sum((r["warmup_s"] or r["times_s"])[-1] for r in out.values())  # one call of every fn
-        fit = fit_calls(budget_s - spent, per_call, most=repeats * rounds, least=0 if spent else 1)
+        fit = fit_calls(budget_s - spent, per_call, most=repeats * rounds - bool(spent), least=0 if spent else 1)
         if fit >= repeats:
             rounds = min(rounds, fit // repeats)
         else:
