@@ -78,10 +78,12 @@ def machine_text(record: dict, build_machine: dict) -> str:
     """The machine a chapter ran on: 'this build's machine' when its record matches it."""
     if not record:
         return "（本章没有实验记录）"
-    if all(record.get(k) == build_machine.get(k) for k in MACHINE_KEYS):
-        return "本构建机器"
+    kernels = (f"，{record['ISA']}" if record.get("ISA") else "") + (
+        f"，{record['torch threads']} 个线程" if record.get("torch threads") else "")
+    if all(record.get(k) == build_machine.get(k) for k in MACHINE_KEYS + ("ISA",) if k in record):
+        return "本构建机器" + kernels
     return (f"{record.get('CPU', '?')}，{record.get('CPU cores', '?')} 核，"
-            f"Python {record.get('python', '?')}，torch {record.get('torch', '?')}")
+            f"Python {record.get('python', '?')}，torch {record.get('torch', '?')}" + kernels)
 
 
 def cuda_text(has_cuda_cells: bool, stored: dict | None) -> str:
@@ -195,7 +197,7 @@ def fill_table(app, doctree, docname):
     rows, machine = chapter_rows(app.env, app.provenance_build_started)
     built = nodes.paragraph(text=(
         f"这一版构建于 {app.provenance_build_started.strftime(TIME_FORMAT)}，构建机器：{machine.get('CPU')}，"
-        f"{machine.get('CPU cores')} 核，{machine.get('OS')}，Python {machine.get('python')}，"
+        f"{machine.get('CPU cores')} 核，{machine.get('ISA')}，{machine.get('OS')}，Python {machine.get('python')}，"
         f"torch {machine.get('torch')}" + (f"，{machine['GPU']}" if machine.get("GPU") else "，没有 GPU")
         + f"；代码提交 {machine.get('git commit')}。"))
     header = ["章", "怎样执行", "执行时间、用时", "代码提交、机器", "本页的数字"]

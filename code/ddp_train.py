@@ -60,7 +60,10 @@ def parse_args(argv=None):
                    help=f"with --bench-all-reduce: message sizes in bytes, comma-separated (default {BENCH_SIZES})")
     p.add_argument("--repeats", type=int, default=5, help="with --bench-all-reduce: timed calls per size per round")
     p.add_argument("--rounds", type=int, default=10,
-                   help="with --bench-all-reduce: rounds over all sizes (a burst of load hits every size alike)")
+                   help="with --bench-all-reduce: at most this many rounds over all sizes (a burst of load hits "
+                        "every size alike); as many as fit --budget-s, at least 2")
+    p.add_argument("--budget-s", type=float, default=20.0,
+                   help="with --bench-all-reduce: seconds the timed calls may take (default 20)")
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--n-layer", type=int, default=2)
@@ -343,11 +346,14 @@ def show_data_order(args, rank: int, world: int, n_windows: int = 16, epochs: in
 
 # ---- what an all-reduce costs: measured, and the ring model fitted to it ----
 
-def bench_all_reduce(sizes: list, repeats: int = 5, rounds: int = 10, warmup: int = 2) -> list:
-    """Seconds of every timed all-reduce (sum) of an fp32 tensor of each size in bytes: for each size,
-    in the order given, rounds × repeats times in the order taken, each the slower rank's time.
+def bench_all_reduce(sizes: list, repeats: int = 5, rounds: int = 10, warmup: int = 2,
+                     budget_s: float | None = None) -> tuple:
+    """(times, rounds): the seconds of every timed all-reduce (sum) of an fp32 tensor of each size in
+    bytes: for each size, in the order given, rounds × repeats times in the order taken, each the slower
+    rank's time; and the number of rounds made, at most `rounds`, as many as fit budget_s, at least 2.
 
-    Every rank must call it with the same arguments. The timing loop is measure.time_steps: the sizes
+    Every rank must call it with the same arguments; the ranks agree on the smallest plan (every
+    collective needs every rank). The timing loop is measure.time_steps: the sizes
     take turns round by round, so a burst of load from elsewhere hits all of them alike. Within a
     round the largest size goes first, so every size follows a larger one that has pushed it out of
     the caches; smallest first, a size would find the caches warmed by a smaller one, and on a CPU
@@ -356,11 +362,18 @@ def bench_all_reduce(sizes: list, repeats: int = 5, rounds: int = 10, warmup: in
     order = sorted(set(sizes), reverse=True)
     tensors = {b: torch.zeros(b // 4) for b in order}  # zeros: sums stay zero, however many calls
     fns = {b: (lambda t=t: dist.all_reduce(t)) for b, t in tensors.items()}
-    stats = time_steps(fns, warmup=warmup, repeats=repeats, rounds=rounds)
+
+    def agree(plan):  # (repeats, rounds): the smallest over the ranks
+        t = torch.tensor(plan, dtype=torch.int64)
+        if dist.is_initialized():
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return tuple(t.tolist())
+    stats = time_steps(fns, warmup=warmup, repeats=repeats, rounds=rounds, budget_s=budget_s, agree=agree,
+                       min_rounds=2)
     times = torch.tensor([stats[b]["times_s"] for b in sizes], dtype=torch.float64)
     if dist.is_initialized():
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a collective is done when its slowest rank is
-    return times.tolist()
+    return times.tolist(), stats[order[0]]["rounds"]
 
 
 def ring_bytes(size: float, world: int) -> float:
@@ -398,9 +411,9 @@ def all_reduce_summary(sizes: list, times: list, world: int, rounds: int) -> dic
     waits, often more than half the time, until the scheduler runs the other rank again; that wait
     belongs to the load, not to the link. The fastest of many calls is the one that did not wait."""
     import statistics
-    per_round = [len(ts) // rounds for ts in times]
-    halves = [tuple(min(t for r in range(first, rounds, 2) for t in ts[r * k:(r + 1) * k]) for first in (0, 1))
-              for ts, k in zip(times, per_round)]
+
+    from measure import round_halves
+    halves = [round_halves(ts, rounds) for ts in times]
     fastest = [min(ts) for ts in times]
     alpha, bandwidth = fit_ring(sizes, fastest, world)
     return dict(sizes=list(sizes), fastest=fastest, medians=[statistics.median(ts) for ts in times],
@@ -412,11 +425,11 @@ def report_all_reduce(args, rank: int, world: int):
     """--bench-all-reduce: time; rank 0 prints the times and the fit, and saves the times with --out."""
     if world < 2 or args.rounds < 2 or len(args.sizes) < 2:
         fail("--bench-all-reduce needs at least 2 processes (torchrun), 2 --rounds and 2 --sizes")
-    times = bench_all_reduce(args.sizes, args.repeats, args.rounds)
+    times, rounds = bench_all_reduce(args.sizes, args.repeats, args.rounds, budget_s=args.budget_s or None)
     if rank:
         return
-    s = all_reduce_summary(args.sizes, times, world, args.rounds)
-    print(f"all-reduce of fp32 (sum), gloo, {world} processes, {args.rounds} rounds × {args.repeats} calls "
+    s = all_reduce_summary(args.sizes, times, world, rounds)
+    print(f"all-reduce of fp32 (sum), gloo, {world} processes, {rounds} rounds × {len(times[0]) // rounds} calls "
           f"per size, the slower rank's time")
     print(f"  {'bytes':>11}  {'fastest':>12}  {'median':>12}  {'fastest of the even / odd rounds':>34}")
     for b, f, m, (even, odd) in zip(args.sizes, s["fastest"], s["medians"], s["halves"]):
@@ -428,7 +441,7 @@ def report_all_reduce(args, rank: int, world: int):
         print("fit t = α + 2(N-1)/N · bytes / bandwidth: no positive α and bandwidth fit these times; "
               "measure sizes further apart (kilobytes to tens of megabytes) or more rounds")
     if args.out:
-        save_atomic({"world": world, "sizes": args.sizes, "rounds": args.rounds, "repeats": args.repeats,
+        save_atomic({"world": world, "sizes": args.sizes, "rounds": rounds, "repeats": len(times[0]) // rounds,
                      "times_s": times}, args.out)
 
 
