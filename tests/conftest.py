@@ -1,9 +1,10 @@
 """Which tests are slow, decided here: `python -m pytest -m "not slow"` is the fast path (the unit tests
 of code/ and bookbuild/, under two minutes on two cores); `python -m pytest` runs everything.
 
-Slow: every nbval item (each re-executes a chapter's cell), the tests of the modules below, which
-drive headless Chromium, build the book or start processes that import torch and train, and a single
-test marked `@pytest.mark.slow` in a module that is otherwise fast.
+Slow: every nbval item (each re-executes a chapter's cell), every test that takes the built book (the
+`site` fixture of test_browser.py: the first one builds and executes the whole book), the tests of the
+modules below, which drive headless Chromium, build a book or start processes that import torch and
+train, and a single test marked `@pytest.mark.slow` in a module that is otherwise fast.
 """
 from pathlib import Path
 
@@ -27,6 +28,8 @@ def pytest_configure(config):
 
 def is_slow(item) -> bool:
     if getattr(item, "cell", None) is not None:  # nbval's item: one cell of a chapter
+        return True
+    if "site" in getattr(item, "fixturenames", ()):  # the built book, served (test_browser.site)
         return True
     module = getattr(item, "module", None)
     return module is not None and module.__name__.rpartition(".")[2] in SLOW_MODULES
