@@ -31,8 +31,16 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from data import get_batch, load_tokens_or_exit  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from script_support import (Parser, accumulate_gradients, fail, mean_across_ranks, number,  # noqa: E402
-                            process_group, save_atomic, set_lr)
+from script_support import (  # noqa: E402
+    Parser,
+    accumulate_gradients,
+    fail,
+    mean_across_ranks,
+    number,
+    process_group,
+    save_atomic,
+    set_lr,
+)
 from train import configure_optimizer, lr_at  # noqa: E402
 
 

@@ -14,7 +14,6 @@ import torch
 from script_support import accumulate_gradients
 from shapes import flops_per_token  # noqa: F401  (one formula; chapters and scripts import it from here)
 
-
 CALL_BUDGET_S = 1.0  # the most one timed call of a probe that can choose its size should take
 PROBE_BUDGET_S = 20.0  # the most the timed calls of one probe (calibration included) should take
 

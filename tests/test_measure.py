@@ -6,8 +6,17 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import measure
-from measure import (choose_size, cpu_isa, flops_per_token, matmul_peak, matmul_probe, peak_memory, time_it,
-                     time_steps, training_step_fn)
+from measure import (
+    choose_size,
+    cpu_isa,
+    flops_per_token,
+    matmul_peak,
+    matmul_probe,
+    peak_memory,
+    time_it,
+    time_steps,
+    training_step_fn,
+)
 from model import GPT, GPTConfig
 
 SMALL = dict(d_model=64, n_layer=2, n_head=2, seq_len=32)

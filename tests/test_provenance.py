@@ -64,7 +64,8 @@ def test_machine_text_names_another_machine():
     assert "CPU B" in other and "16 核" in other and "3.11.9" in other
     assert provenance.machine_text({}, here) == "（本章没有实验记录）"
     isa = dict(here, ISA="AVX2 (torch kernels: AVX2)", **{"torch threads": "4"})
-    assert provenance.machine_text(isa, dict(here, ISA=isa["ISA"])) == "本构建机器，AVX2 (torch kernels: AVX2)，4 个线程"
+    same = provenance.machine_text(isa, dict(here, ISA=isa["ISA"]))
+    assert same == "本构建机器，AVX2 (torch kernels: AVX2)，4 个线程"
     capped = provenance.machine_text(isa, dict(here, ISA="AVX-512 (torch kernels: AVX512)"))
     assert "CPU A" in capped and "AVX2" in capped  # the same CPU with its kernels capped is another machine
 
