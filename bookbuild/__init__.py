@@ -22,7 +22,7 @@ What lives where:
 - refresh.py     the reference-output refresh (`python -m bookbuild.refresh`).
 - gpu_run.py     the GPU run (`python -m bookbuild.gpu_run`): on a machine with CUDA, execute the
                  cuda cells and store their outputs, labelled, in the chapter's .ipynb.
-- pyodide.py     chapter 7's calculator: the pinned Pyodide (npm package, version and integrity), fetched
+- pyodide.py     chapter 8's calculator: the pinned Pyodide (npm package, version and integrity), fetched
                  and cached under _build/, and budget.py with the modules it imports, copied from code/
                  into the HTML's _static/ at every build.
 - sphinx_ext.py  the Sphinx extension that _config.yml loads: the stored GPU outputs below the

@@ -6,7 +6,7 @@
 - A page loads with no console errors: sphinx-thebe adds its inline configuration script once per
   `env-before-read-docs`, which fires more than once in a Jupyter Book build; the second copy
   redeclares a `const` and throws in the browser. Keep the first of any identical scripts.
-- Chapter 7's calculator: the Pyodide runtime and budget.py's modules join the static files (pyodide.py).
+- Chapter 8's calculator: the Pyodide runtime and budget.py's modules join the static files (pyodide.py).
 - The provenance page's table (provenance.py): how, when and where each chapter was executed.
 - The search index knows the glossary's terms: a jieba user dictionary made from it (search_terms.py).
 """
@@ -35,6 +35,6 @@ def setup(app):
     app.connect("source-read", show_stored_gpu_outputs_as_read)
     app.connect("config-inited", use_glossary_dictionary)  # jieba keeps the glossary's compounds whole
     app.connect("html-page-context", dedupe_scripts, priority=900)
-    pyodide.setup(app)  # chapter 7's calculator: Pyodide and budget.py in _static
+    pyodide.setup(app)  # chapter 8's calculator: Pyodide and budget.py in _static
     provenance.setup(app)  # the provenance page's table
     return {"parallel_read_safe": True, "parallel_write_safe": True}

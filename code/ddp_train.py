@@ -202,6 +202,14 @@ def full_state(model, args, world: int) -> dict:
     return model.module.state_dict()  # unwrap: keys without the "module." prefix
 
 
+def checkpoint_difference(path_a, path_b) -> float:
+    """The largest |Δθ| over all parameters of the models in two of this script's checkpoints."""
+    a, b = (torch.load(path, weights_only=True)["model"] for path in (path_a, path_b))
+    if a.keys() != b.keys():
+        raise ValueError(f"{path_a} and {path_b} hold different parameters")
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
 def train_step(model, opt, x, y, args, world: int) -> float:
     """One optimizer step on this rank's rows x, y; returns their mean loss.
 

@@ -10,6 +10,8 @@
   group, so the same script is its own single-process reference.
 - mean_across_ranks: the mean of a tensor over all processes (gloo has no ReduceOp.AVG).
 - set_lr: give every parameter group of an optimizer this step's learning rate.
+- run_script: run one of these scripts as a reader would, as one plain process or under
+  torch.distributed.run (the chapters that start processes use it).
 - accumulate_gradients: forward and backward over micro-batches whose gradients add up to the
   whole batch's, with the gradient all-reduce skipped on all but the last. The detail that is easy
   to get wrong (no_sync must enclose forward as well as backward) is written in one place, for the
@@ -20,6 +22,9 @@ the other way round.
 """
 import contextlib
 import os
+import subprocess
+import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import NamedTuple
@@ -138,6 +143,27 @@ def accumulate_gradients(model, micro_batches, no_sync=None, autocast_dtype=None
             (loss / n).backward()  # summed over micro-batches: the gradient of the mean loss
         total = total + loss.detach() / n
     return total
+
+
+# ---- starting a script the way a reader does ----
+
+def run_script(script, args, nproc: int | None = None, cwd=None, env=None, check: bool = True,
+               timeout_s: float = 600) -> subprocess.CompletedProcess:
+    """Run `python SCRIPT ARGS`, or with nproc, `python -m torch.distributed.run --standalone
+    --nproc-per-node=NPROC SCRIPT ARGS`: what a reader types, with this interpreter (the `torchrun`
+    command need not be on PATH in a notebook). env defaults to one thread per process
+    (OMP_NUM_THREADS=1: the processes share the cores; it also silences torchrun's banner).
+    Returns the finished process with its output and .seconds, its wall time; with check, a
+    non-zero exit raises RuntimeError with the end of its stderr."""
+    launcher = [] if nproc is None else ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"} if env is None else env
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, *launcher, str(script), *map(str, args)], cwd=cwd, env=env,
+                       capture_output=True, text=True, timeout=timeout_s)
+    p.seconds = time.perf_counter() - t0
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{Path(script).name} exited with {p.returncode}:\n{(p.stdout + p.stderr)[-3000:]}")
+    return p
 
 
 # ---- fp16 loss scaling, output paths, run logs, sampling ----

@@ -12,7 +12,7 @@ import pytest
 
 SLOW_MODULES = {
     "test_browser": "drives headless Chromium over the built book (builds it first)",
-    "test_calculator": "drives headless Chromium over chapter 7's calculator",
+    "test_calculator": "drives headless Chromium over chapter 8's calculator",
     "test_search_index": "builds a two-page book",
     "test_ddp": "starts two processes with torch.distributed.run",
     "test_train_gpu": "runs train_gpu.py, on two processes too, and kills and resumes it",

@@ -4,11 +4,13 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+
+from ddp_train import checkpoint_difference
+from script_support import run_script
 
 SCRIPT = str(Path(__file__).resolve().parent.parent / "code" / "ddp_train.py")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -17,17 +19,11 @@ SMALL = ["--steps", "6", "--global-batch", "4", "--seq-len", "32", "--d-model", 
 
 
 def run(tmp_path, args, nproc=None):
-    launcher = [] if nproc is None else ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, *launcher, SCRIPT, *SMALL, *args], cwd=tmp_path, env=ENV,
-                       capture_output=True, text=True, timeout=120)
-    return p, time.perf_counter() - t0
+    p = run_script(SCRIPT, [*SMALL, *args], nproc=nproc, cwd=tmp_path, env=ENV, check=False, timeout_s=120)
+    return p, p.seconds
 
 
-def max_diff(a, b):
-    a, b = torch.load(a)["model"], torch.load(b)["model"]
-    assert a.keys() == b.keys()
-    return max((a[k] - b[k]).abs().max().item() for k in a)
+max_diff = checkpoint_difference
 
 
 @pytest.fixture(scope="module")
