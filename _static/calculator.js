@@ -142,7 +142,7 @@ def calculator_run(argv_json):
     const scheme = h("select", { id: "calc-scheme", "data-role": "scheme" },
       describe.schemes.map((s) => h("option", { value: s, text: s })));
     const schemeRow = h("div", { class: "calc-field calc-scheme" },
-      h("label", { for: "calc-scheme" }, "切分方式（只在图和表中突出它；命令行总是打印每一种）"), scheme);
+      h("label", { for: "calc-scheme" }, "分片方式（只在图和表中突出它；命令行总是打印每一种）"), scheme);
     form.append(advanced, schemeRow);
 
     const command = h("pre", { class: "calc-command", "aria-label": "等价的命令行" });
@@ -278,7 +278,7 @@ def calculator_run(argv_json):
       const note = "没有形状（--d-model 和 --n-layer）就没有激活，所以这里不画每卡显存的分解；上面的表给出了模型状态。";
       return h("p", { class: "calc-note", text: note });
     }
-    const label = "每张 GPU 的显存（GB），按部分堆叠，每种切分方式一根柱：" +
+    const label = "每张 GPU 的显存（GB），按部分堆叠，每种分片方式一根柱：" +
       schemes.map((s, i) => `${s} 共 ${fmt(totals[i])} GB`).join("，") +
       (page.memory_gb === null ? "；没有给出显存大小" : `；GPU 显存 ${fmt(page.memory_gb)} GB，可用的 90% 是 ${fmt(page.usable_gb)} GB`) +
       `；突出显示 ${selected}。`;
