@@ -268,7 +268,7 @@ def _cell(x, width: int) -> str:
 
 
 def report(est: dict, gpu_label: str, peak_flops: float, mfu: float, memory_gb, layout: str = "autocast",
-           checkpoint: bool = False, link_label: str = "") -> str:
+           checkpoint: bool = False, link_label: str = "", fp32_grads: bool = False) -> str:
     n, d = est["n_params"], est["tokens"]
     if est["attention_share"] is None:
         compute = f"compute     6·N·D = {sci(est['flops'], 2)} FLOPs (give --d-model and --n-layer to count attention)"
@@ -284,7 +284,7 @@ def report(est: dict, gpu_label: str, peak_flops: float, mfu: float, memory_gb, 
     ]
     if est["cost"] is not None:
         lines.append(f"cost        {est['cost']:,.0f} (GPU-hours × price per GPU-hour)")
-    lines.append(f"memory per GPU (GB): {memory.LAYOUT_NAMES[layout]}; activations of eager bf16 autocast "
+    lines.append(f"memory per GPU (GB): {memory.layout_name(layout, fp32_grads)}; activations of eager bf16 autocast "
                  f"with flash attention{', checkpointed per block' if checkpoint else ''}; logits include the "
                  f"loss's temporaries")
     limit = None if memory_gb is None else USABLE_FRACTION * memory_gb
@@ -405,7 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batch", type=positive_int, default=8, help="sequences per GPU per forward (default 8)")
     p.add_argument("--layout", choices=tuple(memory.LAYOUTS), default="autocast",
                    help="precision layout of the state: autocast (fp32 weights, as train_gpu.py; default) or "
-                        "mixed (bf16 weights and grads + fp32 master, as Megatron)")
+                        "mixed (bf16 weights and grads + fp32 master, the ZeRO paper's 16 bytes; "
+                        "Megatron-LM keeps fp32 grads: add --fp32-grads)")
     p.add_argument("--fp32-grads", action="store_true", help="with --layout mixed: fp32 gradients (18 bytes/param)")
     p.add_argument("--checkpoint-activations", action="store_true",
                    help="per-block activation checkpointing (train_gpu.py --checkpoint-activations)")
@@ -485,7 +486,7 @@ def plan(argv: list) -> dict:
     if not _finite(est) or not est["step"]["compute_s"] > 0:
         parser.error("these numbers are beyond what a float can hold (a result overflows); use realistic sizes")
     text = "\n".join([report(est, label, peak, args.mfu, memory_gb, args.layout, args.checkpoint_activations,
-                              link_label), *command_lines(est, shape, args.gpus_per_node, args.layout,
+                              link_label, args.fp32_grads), *command_lines(est, shape, args.gpus_per_node, args.layout,
                                                           args.checkpoint_activations)])
     return dict(args=args, est=est, shape=shape, label=label, peak=peak, memory_gb=memory_gb, link_gb_s=link_gb_s,
                 link_label=link_label, text=text)

@@ -27,13 +27,20 @@ LAYOUTS = {
     # train_gpu.py: fp32 weights updated by the optimizer, matmuls in bf16 under torch.autocast;
     # gradients land in the weights' dtype, fp32. No separate master copy: the weights are it.
     "autocast": dict(weights=4, grads=4, master=0, moments=8),
-    # Megatron-style mixed precision: bf16 weights and gradients, an fp32 master copy in the optimizer.
+    # the ZeRO paper's mixed precision (its §3.1): bf16 weights and gradients, an fp32 master copy in the
+    # optimizer, 16 bytes. Megatron-LM keeps its gradients in fp32 by default: fp32_grads below, 18 bytes.
     "mixed": dict(weights=2, grads=2, master=4, moments=8),
 }
 LAYOUT_NAMES = {"autocast": "autocast over fp32 weights (train_gpu.py)",
-                "mixed": "bf16 weights + fp32 master (Megatron)"}
+                "mixed": "bf16 weights and gradients + fp32 master (the ZeRO paper's 16 bytes)",
+                "mixed, fp32 grads": "bf16 weights, fp32 gradients + fp32 master (Megatron-LM's default, 18 bytes)"}
 SCHEMES = ("ddp", "zero1", "zero2", "zero3")
 SCHEME_NAMES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3/FSDP"}
+
+
+def layout_name(layout: str, fp32_grads: bool = False) -> str:
+    """The layout as the estimator's report names it."""
+    return LAYOUT_NAMES["mixed, fp32 grads" if layout == "mixed" and fp32_grads else layout]
 
 
 def bytes_per_param(layout: str = "autocast", fp32_grads: bool = False) -> dict:

@@ -295,3 +295,16 @@ def test_the_printed_command_runs_scaled_down_on_two_cpu_processes(tmp_path):
     assert p.returncode == 0, out + err
     assert "FSDP2 over 2 processes, ZeRO-2" in out and "activation checkpointing: on" in out
     assert "memory ledger (code/memory.py), ZeRO-2 on a GPU" in out and "step     2/2" in out
+
+
+@pytest.mark.parametrize("flags, name, state_bytes", [
+    ([], "autocast over fp32 weights", 16),
+    (["--layout", "mixed"], "bf16 weights and gradients + fp32 master (the ZeRO paper's 16 bytes)", 16),
+    (["--layout", "mixed", "--fp32-grads"], "fp32 gradients + fp32 master (Megatron-LM's default, 18 bytes)", 18),
+])
+def test_the_report_names_the_layout_it_counted(flags, name, state_bytes):
+    argv = ["--d-model", "768", "--n-layer", "12", "--gpus", "1", *flags]
+    label = budget.page(argv)["text"].split("memory per GPU (GB): ")[1].split(";")[0]
+    assert name in label
+    est = budget.plan(argv)["est"]
+    assert est["memory"]["ddp"]["state"] == state_bytes * est["n_params"]  # the bytes the name states
