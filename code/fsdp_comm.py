@@ -10,8 +10,7 @@ setting. Rank 0 writes {setting: {"all_gather": [calls, bytes], "reduce_scatter"
 and the parameters held by the root module and by the blocks, which FSDP2 treats differently:
 reshard_after_forward=None (its default) means False for the root, True for every other module.
 """
-import argparse
-import json
+import contextlib
 import sys
 from pathlib import Path
 
@@ -21,6 +20,15 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from data import get_batch, load_tokens  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from script_support import (  # noqa: E402
+    Parser,
+    accumulate_gradients,
+    fail,
+    output_problem,
+    positive_int,
+    process_group,
+    write_json,
+)
 
 SETTINGS = {  # name: (the blocks' reshard_after_forward, sync gradients on every micro-batch,
     #               reshard after every micro-batch's backward); otherwise only on the last
@@ -50,8 +58,22 @@ def count_collectives() -> dict:
     return counts
 
 
+@contextlib.contextmanager
+def held(model, sync: bool, reshard: bool):
+    """For a micro-batch before the last: whether its backward reduce-scatters the gradients (sync)
+    and reshards the weights (reshard). The last micro-batch runs outside it, with both on."""
+    model.set_requires_gradient_sync(sync)
+    model.set_reshard_after_backward(reshard)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+        model.set_reshard_after_backward(True)
+
+
 def one_step(reshard_after_forward: bool, sync_every: bool, reshard_every: bool, accum: int, counts: dict) -> dict:
-    """Counts of one optimizer step of `accum` micro-batches, under one setting."""
+    """Counts of one optimizer step of `accum` micro-batches, under one setting: the book's one
+    accumulation loop, with the two switches in its no_sync context."""
     from torch.distributed.fsdp import fully_shard
     torch.manual_seed(0)
     model = GPT(GPTConfig(d_model=64, n_layer=2, n_head=2, seq_len=64))
@@ -62,31 +84,31 @@ def one_step(reshard_after_forward: bool, sync_every: bool, reshard_every: bool,
     x, y = get_batch(load_tokens().train, 2 * accum, 64, torch.Generator().manual_seed(dist.get_rank()))
     for name in counts:
         counts[name][:] = [0, 0]
-    for i, (xs, ys) in enumerate(zip(x.chunk(accum), y.chunk(accum))):
-        last = i == accum - 1
-        model.set_requires_gradient_sync(sync_every or last)
-        model.set_reshard_after_backward(reshard_every or last)
-        _, loss = model(xs, ys)
-        (loss / accum).backward()
+    accumulate_gradients(model, list(zip(x.chunk(accum), y.chunk(accum))),
+                         no_sync=lambda: held(model, sync_every, reshard_every))
     opt.step()
     return {name: list(c) for name, c in counts.items()}
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--accum", type=int, default=4, help="micro-batches per optimizer step")
+    p = Parser(description=__doc__.split("\n")[0])
+    p.add_argument("--accum", type=positive_int, default=4, help="micro-batches per optimizer step")
     p.add_argument("--out", required=True, help="JSON file rank 0 writes")
     args = p.parse_args(argv)
-    dist.init_process_group("gloo")
-    counts = count_collectives()
-    result = {name: one_step(*setting, args.accum, counts) for name, setting in SETTINGS.items()}
-    model = GPT(GPTConfig(d_model=64, n_layer=2, n_head=2, seq_len=64))
-    block_params = sum(p.numel() for p in model.blocks.parameters())
-    if dist.get_rank() == 0:
-        Path(args.out).write_text(json.dumps({
-            "world": dist.get_world_size(), "accum": args.accum, "settings": result,
-            "params": {"blocks": block_params, "root": model.num_params() - block_params}}, indent=1))
-    dist.destroy_process_group()
+    problem = output_problem(args.out)
+    if problem:
+        fail(f"--out: {problem}")
+    with process_group("gloo") as ranks:
+        if ranks.world < 2:
+            fail("FSDP's collectives need two or more processes: start it with "
+                 "python -m torch.distributed.run --standalone --nproc-per-node 2 code/fsdp_comm.py --out FILE")
+        counts = count_collectives()
+        result = {name: one_step(*setting, args.accum, counts) for name, setting in SETTINGS.items()}
+        model = GPT(GPTConfig(d_model=64, n_layer=2, n_head=2, seq_len=64))
+        block_params = sum(p.numel() for p in model.blocks.parameters())
+        if ranks.rank == 0:
+            write_json(args.out, {"world": ranks.world, "accum": args.accum, "settings": result,
+                                  "params": {"blocks": block_params, "root": model.num_params() - block_params}})
 
 
 if __name__ == "__main__":
