@@ -37,6 +37,8 @@ from script_support import (  # noqa: E402
     fail,
     mean_across_ranks,
     number,
+    positive,
+    positive_int,
     process_group,
     save_atomic,
     set_lr,
@@ -66,11 +68,12 @@ def parse_args(argv=None):
                    help="(measure) time all-reduce at several message sizes and fit the ring model; no training")
     p.add_argument("--sizes", type=byte_sizes, default=BENCH_SIZES,
                    help=f"with --bench-all-reduce: message sizes in bytes, comma-separated (default {BENCH_SIZES})")
-    p.add_argument("--repeats", type=int, default=5, help="with --bench-all-reduce: timed calls per size per round")
-    p.add_argument("--rounds", type=int, default=10,
+    p.add_argument("--repeats", type=positive_int, default=5,
+                   help="with --bench-all-reduce: timed calls per size per round")
+    p.add_argument("--rounds", type=positive_int, default=10,
                    help="with --bench-all-reduce: at most this many rounds over all sizes (a burst of load hits "
                         "every size alike); as many as fit --budget-s, at least 2")
-    p.add_argument("--budget-s", type=float, default=20.0,
+    p.add_argument("--budget-s", type=positive, default=20.0,
                    help="with --bench-all-reduce: seconds the timed calls may take (default 20)")
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--d-model", type=int, default=64)
@@ -441,7 +444,7 @@ def report_all_reduce(args, rank: int, world: int):
     """--bench-all-reduce: time; rank 0 prints the times and the fit, and saves the times with --out."""
     if world < 2 or args.rounds < 2 or len(args.sizes) < 2:
         fail("--bench-all-reduce needs at least 2 processes (torchrun), 2 --rounds and 2 --sizes")
-    times, rounds = bench_all_reduce(args.sizes, args.repeats, args.rounds, budget_s=args.budget_s or None)
+    times, rounds = bench_all_reduce(args.sizes, args.repeats, args.rounds, budget_s=args.budget_s)
     if rank:
         return
     s = all_reduce_summary(args.sizes, times, world, rounds)
