@@ -162,6 +162,7 @@ def chapter_rows(env, build_started: datetime.datetime) -> tuple[list[dict], dic
             "commit": record.get("git commit", "—"),
             "machine": machine_text(record, machine),
             "numbers": numbers_text(how, has_cuda_cells, stored),
+            "margins": record.get("margins", "—"),  # measure.check's tightest asserts, as print_record wrote them
         })
     return rows, machine
 
@@ -200,9 +201,9 @@ def fill_table(app, doctree, docname):
         f"{machine.get('CPU cores')} 核，{machine.get('ISA')}，{machine.get('OS')}，Python {machine.get('python')}，"
         f"torch {machine.get('torch')}" + (f"，{machine['GPU']}" if machine.get("GPU") else "，没有 GPU")
         + f"；代码提交 {machine.get('git commit')}。"))
-    header = ["章", "怎样执行", "执行时间、用时", "代码提交、机器", "本页的数字"]
+    header = ["章", "怎样执行", "执行时间、用时", "代码提交、机器", "本页的数字", "最紧的断言余量"]
     table = _table(header, [[_link(app, docname, r["docname"], r["title"]), r["how"], f"{r['when']}，{r['seconds']}",
-                             f"{r['commit']}，{r['machine']}", r["numbers"]] for r in rows])
+                             f"{r['commit']}，{r['machine']}", r["numbers"], r["margins"]] for r in rows])
     for node in placeholders:
         node.replace_self([built, table])
 

@@ -229,9 +229,48 @@ def experiment_record() -> dict:
     return rec
 
 
+CHECKS = []  # every check() of this process, in order: what print_record reports as margins
+
+
+def margin(value: float, op: str, bound: float) -> float:
+    """How far a measured value is inside its bound, as a ratio (>1 holds, <1 fails): bound/value for
+    '<', value/bound for '>'. Where a side is not positive the ratio says nothing; then the difference
+    (positive holds) is reported instead, and this returns it."""
+    if op not in ("<", ">"):
+        raise ValueError(f"op must be '<' or '>', not {op!r}")
+    small, large = (value, bound) if op == "<" else (bound, value)
+    return large / small if small > 0 and large > 0 else large - small
+
+
+def check(name: str, value: float, op: str, bound: float) -> float:
+    """Assert that a measured value is on the right side of its bound ('<' or '>'), and record the
+    margin, so that the chapter's record (print_record) shows how close each claim came on this
+    machine. Returns the margin; a failure says the value, the bound and the margin in one sentence."""
+    m = margin(value, op, bound)
+    holds = value < bound if op == "<" else value > bound
+    ratio = value > 0 and bound > 0
+    CHECKS.append({"name": name, "value": value, "op": op, "bound": bound, "margin": m, "ratio": ratio})
+    assert holds, f"{name}: measured {value:.4g}, which is not {op} {bound:.4g} (margin {_margin_text(m, ratio)})"
+    return m
+
+
+def _margin_text(m: float, ratio: bool) -> str:
+    return f"×{m:.2f}" if ratio else f"{m:+.3g}"
+
+
+def margins_text(most: int = 3) -> str:
+    """The tightest recorded margins, tightest first: 'name ×1.26 (1.07 < 1.35); ...'. Ratios are
+    ranked by how far above 1 they are; differences come after them."""
+    ranked = sorted(CHECKS, key=lambda c: (not c["ratio"], c["margin"]))[:most]
+    return "; ".join(f"{c['name']} {_margin_text(c['margin'], c['ratio'])} "
+                     f"({c['value']:.3g} {c['op']} {c['bound']:.3g})" for c in ranked)
+
+
 def print_record() -> None:
     for k, v in experiment_record().items():
         print(f"{k:>13}: {v}")
+    if CHECKS:  # the chapter's asserts on measured values, the tightest first
+        print(f"{'margins':>13}: {margins_text()}")
 
 
 def glue_measured(name: str, value, fmt: str = "") -> None:

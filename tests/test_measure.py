@@ -218,3 +218,25 @@ def test_min_rounds_and_round_halves(monkeypatch):
     assert measure.round_halves([5, 1, 4, 3, 2, 6], 3) == (1, 3)  # rounds (5, 1), (4, 3), (2, 6)
     with pytest.raises(ValueError):
         measure.round_halves([1.0, 2.0, 3.0], 2)
+
+
+def test_check_records_the_margin_and_fails_with_one_sentence(monkeypatch):
+    monkeypatch.setattr(measure, "CHECKS", [])
+    assert measure.check("ratio", 1.0, "<", 1.35) == pytest.approx(1.35)
+    assert measure.check("gain", 300.0, ">", 100.0) == pytest.approx(3.0)
+    assert measure.check("difference", -0.1, "<", 0.0) == pytest.approx(0.1)
+    assert measure.margins_text(2) == "ratio ×1.35 (1 < 1.35); gain ×3.00 (300 > 100)"
+    with pytest.raises(AssertionError, match=r"^tight: measured 2, which is not < 1 \(margin ×0.50\)$"):
+        measure.check("tight", 2.0, "<", 1.0)
+    assert measure.CHECKS[-1]["margin"] == pytest.approx(0.5)  # a failed check is recorded too
+    with pytest.raises(ValueError):
+        measure.check("bad", 1.0, "<=", 2.0)
+
+
+def test_print_record_prints_margins_only_after_a_check(monkeypatch, capsys):
+    monkeypatch.setattr(measure, "CHECKS", [])
+    measure.print_record()
+    assert "margins" not in capsys.readouterr().out
+    measure.check("x", 2.0, ">", 1.0)
+    measure.print_record()
+    assert capsys.readouterr().out.splitlines()[-1] == "      margins: x ×2.00 (2 > 1)"

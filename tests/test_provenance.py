@@ -107,3 +107,9 @@ def test_a_page_title_is_its_first_level_one_heading_outside_code(tmp_path):
     md.write_text("## only a section\n", encoding="utf-8")
     with pytest.raises(ValueError, match="has no title"):
         book.title(md)
+
+
+def test_the_record_carries_the_tightest_margins_to_the_page(monkeypatch):
+    monkeypatch.setattr(measure, "CHECKS", [])
+    measure.check("gain", 300.0, ">", 100.0)
+    assert provenance.parse_record(printed_record())["margins"] == "gain ×3.00 (300 > 100)"
