@@ -5,6 +5,7 @@
   cache with the outputs nbval just produced (cache.py), so a book build after the tests publishes
   exactly those checked outputs instead of executing every chapter a second time.
 """
+import os
 import time
 from pathlib import Path
 
@@ -17,6 +18,13 @@ from .cuda import is_cuda_cell
 warm_font_cache()  # before any chapter's kernel starts: its first output must not be matplotlib's notice
 
 _runs = {}  # notebook path -> what happened to its cells in this session
+
+
+def is_the_books_run() -> bool:
+    """Whether this run's outputs may be published: not under capped kernels (code/measure.py's
+    EMULATION_VARS, as CI's emulated run sets them) nor in a portability run."""
+    from measure import EMULATION_VARS  # code/ is on pytest's path (pyproject.toml)
+    return not os.environ.get("BOOK_NO_CACHE_HANDOFF") and not any(os.environ.get(v) for v in EMULATION_VARS)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -44,7 +52,7 @@ def pytest_runtest_makereport(item, call):
 
 def _hand_to_the_build(path: Path, run) -> None:
     md = path.with_suffix(".md")
-    if not md.is_file():
+    if not md.is_file() or not is_the_books_run():
         return
     nb = cache.executed_notebook(run, cache.as_the_build_reads(md))
     digest = cache.inputs_hash()

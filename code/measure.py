@@ -2,6 +2,7 @@
 buckets), and a record of what produced a chapter's numbers. The FLOP formula lives in shapes.py
 and is importable from here, beside the clock it is divided by."""
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -173,6 +174,15 @@ def cpu_flags() -> set:
     return set()
 
 
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86's AVX-512 BF16 and AMX, Arm's BF16 extension
+
+
+def has_bf16_instructions(flags: set | None = None) -> bool:
+    """Whether the CPU has bf16 matrix instructions at all: without them a bf16 matmul is a slow
+    software fallback (10-25x fp32 on an AVX2 CPU), whatever one timing says."""
+    return bool(set(BF16_FLAGS) & (cpu_flags() if flags is None else flags))
+
+
 EMULATION_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")  # cap the kernels' ISA
 
 
@@ -250,6 +260,9 @@ def check(name: str, value: float, op: str, bound: float) -> float:
     holds = value < bound if op == "<" else value > bound
     ratio = value > 0 and bound > 0
     CHECKS.append({"name": name, "value": value, "op": op, "bound": bound, "margin": m, "ratio": ratio})
+    if os.environ.get("BOOK_MARGINS_FILE"):  # python -m bookbuild.portability collects them here
+        with open(os.environ["BOOK_MARGINS_FILE"], "a", encoding="utf-8") as f:
+            f.write(json.dumps(CHECKS[-1]) + "\n")
     assert holds, f"{name}: measured {value:.4g}, which is not {op} {bound:.4g} (margin {_margin_text(m, ratio)})"
     return m
 
