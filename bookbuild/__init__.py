@@ -3,6 +3,7 @@
     python -m bookbuild.build [--strict]            # build _build/html (what README's command 1 runs)
     python -m bookbuild.refresh [NN_name.md ...]    # re-execute chapters into their paired .ipynb
     python -m bookbuild.gpu_run [--copy-to DIR]     # on a GPU: run the cuda cells, store their outputs
+    python -m bookbuild.portability [NN_name.md ...] # nbval under other CPUs' kernels, with each assert's margin
 
 What lives where:
 
@@ -22,6 +23,9 @@ What lives where:
 - refresh.py     the reference-output refresh (`python -m bookbuild.refresh`).
 - gpu_run.py     the GPU run (`python -m bookbuild.gpu_run`): on a machine with CUDA, execute the
                  cuda cells and store their outputs, labelled, in the chapter's .ipynb.
+- portability.py the portability run (`python -m bookbuild.portability`): what each kernel configuration
+                 (native, no AMX, AVX2, 1 and 4 threads) changes on this CPU, then nbval over chapters
+                 under each, with the margins of their measure.check asserts.
 - pyodide.py     chapter 8's calculator: the pinned Pyodide (npm package, version and integrity), fetched
                  and cached under _build/, and budget.py with the modules it imports, copied from code/
                  into the HTML's _static/ at every build.
