@@ -30,6 +30,11 @@ def fail(message: str, status: int = BAD_ARGUMENT) -> NoReturn:
     sys.exit(status)
 
 
+def refuse(message: str) -> NoReturn:
+    """fail() with REFUSED: a bad file, setting or state that no argument's syntax can fix (exit 1)."""
+    fail(message, REFUSED)
+
+
 def run_main(main, argv: list) -> tuple[int, str, str]:
     """(exit status, stdout, stderr) of main(argv), as its command line would show them."""
     out, err, status = io.StringIO(), io.StringIO(), 0
@@ -68,3 +73,26 @@ def positive_int(text: str) -> int:
     if value != int(value):
         raise argparse.ArgumentTypeError(f"{text!r} must be a whole number")
     return int(value)
+
+
+def non_negative(text: str) -> float:
+    """An argparse type: a finite number, zero or above (not nan, not inf)."""
+    if text.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"{text!r} is negative; it must be 0 or more")
+    return 0.0 if number(text) == 0 else positive(text)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: a whole number, zero or above."""
+    value = non_negative(text)
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number")
+    return int(value)
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a number from 0 to 1."""
+    value = non_negative(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must lie between 0 and 1")
+    return value

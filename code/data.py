@@ -3,7 +3,8 @@
 The tokenizer and token ids are build artefacts: made on first use under data/cache/, keyed by a
 hash of the corpus and of every setting that shapes them, so a changed input rebuilds them and an
 unchanged one reuses them. Each artefact is written to a temporary folder and renamed into place,
-so an interrupted build never leaves a half-written cache behind.
+so an interrupted build never leaves a half-written cache behind; processes that build it at once
+(the ranks of a first run on a fresh machine) each keep the first complete folder, never removing it.
 """
 import hashlib
 import io
@@ -97,22 +98,28 @@ def cache_dir(corpus_path: Path = CORPUS_PATH) -> Path:
     """Build (if needed) and return the folder holding tokenizer.model and tokens.npz."""
     lines = load_corpus(corpus_path)
     final = CACHE_DIR / _cache_key(corpus_path)
-    if (final / "tokens.npz").is_file() and (final / "tokenizer.model").is_file():
+    if _complete(final):
         return final
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="build-", dir=CACHE_DIR))
     try:
         _build(lines, tmp)
-        if final.exists():  # an incomplete or concurrent build: replace it
+        if _complete(final):  # another process (a rank of the same launch) finished first: keep theirs,
+            return final      # which is identical, and which it may be reading right now
+        if final.exists():  # incomplete: left by something other than this function's rename
             shutil.rmtree(final, ignore_errors=True)
         try:
             os.rename(tmp, final)
         except OSError:
-            if not (final / "tokens.npz").is_file():  # lost a race to another process: theirs is identical
+            if not _complete(final):  # lost the race to another process's rename: theirs is identical
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _complete(folder: Path) -> bool:
+    return (folder / "tokens.npz").is_file() and (folder / "tokenizer.model").is_file()
 
 
 def load_tokenizer(corpus_path: Path = CORPUS_PATH):

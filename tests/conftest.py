@@ -4,7 +4,9 @@ of code/ and bookbuild/, under two minutes on two cores); `python -m pytest` run
 Slow: every nbval item (each re-executes a chapter's cell), every test that takes the built book (the
 `site` fixture of test_browser.py: the first one builds and executes the whole book), the tests of the
 modules below, which drive headless Chromium, build a book or start processes that import torch and
-train, and a single test marked `@pytest.mark.slow` in a module that is otherwise fast.
+train, and each test marked `@pytest.mark.slow` in a module that is otherwise fast (test_train_gpu.py
+and test_launch.py mark every test that starts a process; their in-process refusals, --help and init
+tests stay on the fast path, and no fast test starts torchrun).
 """
 from pathlib import Path
 
@@ -15,8 +17,6 @@ SLOW_MODULES = {
     "test_calculator": "drives headless Chromium over chapter 8's calculator",
     "test_search_index": "builds a two-page book",
     "test_ddp": "starts two processes with torch.distributed.run",
-    "test_train_gpu": "runs train_gpu.py, on two processes too, and kills and resumes it",
-    "test_launch": "clones the book and runs the setup cell in a fresh process",
 }
 
 

@@ -31,6 +31,7 @@ def test_first_cell_is_the_hidden_setup_cell(md):
     assert cell.source == setup_cell(CHAPTERS[0]).source, "every chapter has the same setup cell"
 
 
+@pytest.mark.slow  # clones the book and runs the setup cell in a fresh process
 def test_setup_cell_fetches_the_book_in_an_empty_folder(tmp_path):
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
     if head.returncode != 0:

@@ -51,6 +51,9 @@ def test_train_gpu_and_torchrun_accept_the_launch_line():
     argv = shlex.split(torchrun_lines(SLURM.read_text(encoding="utf-8"))[0].replace('"', ""))[1:]
     ns = get_args_parser().parse_args(argv)  # the launcher's own flags
     assert "SIGUSR1" in ns.signals_to_handle and "SIGTERM" in ns.signals_to_handle
+    # the workers' time to save after the signal: longer than torchrun's 30 s default, within Slurm's notice
+    lead = int(SLURM.read_text(encoding="utf-8").split("#SBATCH --signal=USR1@")[1].split()[0])
+    assert 30 < ns.shutdown_timeout < lead, (ns.shutdown_timeout, lead)
     args = build_parser().parse_args(ns.training_script_args)
     assert args.auto_resume and args.out == "$OUT"
 

@@ -1,0 +1,275 @@
+"""train_gpu.py's checkpoints: torch.distributed.checkpoint (DCP) folders, saved by every process
+and loaded safely on any number of processes.
+
+OUT/checkpoints/step_NNNNNNNN/ holds each process's shards (__R_0.distcp), train_state.json (step,
+model shape, scheme, the settings that shape the run) and DCP's .metadata, written last: a folder
+without it is a save that was cut. A load never runs code from the files:
+- .metadata is a pickle, read with an exact allowlist of (module, name) pairs: DCP's record classes,
+  torch.Size, dtypes, a layout and a path; a dotted name (pickle protocol 4's way to reach an
+  attribute of an attribute, e.g. `filesystem` + `os.system`) is refused;
+- the tensors and the optimizer's plain values with torch.load(weights_only=True).
+Anything else that is wrong (a damaged, missing or truncated shard, another model's shapes, a folder
+another program saved, a broken train_state.json) is refused in one sentence with exit status 1,
+before the model is touched where it can be, and never as a traceback.
+"""
+import contextlib
+import io
+import json
+import pickle
+import re
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from arguments import refuse
+from script_support import save_atomic, write_json
+
+CKPT_DIR = "checkpoints"
+STATE_NAME = "train_state.json"
+EXPORT_NAME = "model.pt"
+SHARD_FILE = re.compile(r"__\d+_\d+\.distcp")  # what DCP's FileSystemWriter names its files
+
+_DCP = "torch.distributed.checkpoint."
+SAFE_GLOBALS = frozenset({
+    *((_DCP + "metadata", name) for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")),
+    (_DCP + "filesystem", "_StorageInfo"),
+    ("torch", "Size"), ("torch.serialization", "_get_layout"),  # a layout's name -> the layout
+    ("collections", "OrderedDict"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),  # where it was saved
+})
+
+
+def step_dir(out: Path, step: int) -> Path:
+    return Path(out) / CKPT_DIR / f"step_{step:08d}"
+
+
+def complete_checkpoints(out: Path) -> list:
+    """The checkpoint folders whose save finished (DCP writes .metadata last), oldest first."""
+    root = Path(out) / CKPT_DIR
+    if not root.is_dir():
+        return []
+    return sorted(d for d in root.glob("step_*") if (d / ".metadata").is_file() and (d / STATE_NAME).is_file())
+
+
+def remove_partial_saves(out: Path, stale_files=()) -> None:
+    """Remove what a run killed mid-save leaves: our checkpoint folders without .metadata, .tmp files."""
+    out = Path(out)
+    complete = set(complete_checkpoints(out))
+    for d in sorted((out / CKPT_DIR).glob("step_*")) if (out / CKPT_DIR).is_dir() else []:
+        if d not in complete:
+            shutil.rmtree(d, ignore_errors=True)
+            print(f"removed {CKPT_DIR}/{d.name}, a checkpoint whose save was cut (no .metadata)")
+    for name in (EXPORT_NAME, *stale_files):
+        stale = out / (name + ".tmp")
+        if stale.exists():
+            stale.unlink()
+            print(f"removed {stale.name}, a partial file left by an interrupted run")
+
+
+@contextlib.contextmanager
+def single_process_quiet():
+    """DCP warns that it 'assumes a single process' when there is no process group: that is the intent."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def save(out: Path, step: int, state: dict, train_state: dict, rank: int, world: int) -> Path:
+    """Save `state` (tensors, resharded by DCP on load) and train_state.json as the checkpoint of
+    `step`, then remove the older ones. A kill at any moment leaves the previous complete checkpoint."""
+    import torch.distributed.checkpoint as dcp
+    path = step_dir(out, step)
+    if rank == 0:
+        shutil.rmtree(path, ignore_errors=True)  # a cut save of this very step, from an earlier run
+        path.mkdir(parents=True)
+        write_json(path / STATE_NAME, {"step": step, **train_state})
+    if world > 1:
+        dist.barrier()
+    with single_process_quiet():
+        dcp.save(state, checkpoint_id=path, no_dist=world == 1)  # .metadata last: complete
+    if world > 1:
+        dist.barrier()
+    if rank == 0:
+        for old in (Path(out) / CKPT_DIR).glob("step_*"):
+            if old != path:
+                shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+class SafeUnpickler(pickle._Unpickler):
+    """Reads DCP's .metadata allowing exactly SAFE_GLOBALS and torch's dtypes, nothing else. Python's
+    own unpickler, not the C one: a damaged memo index or length then fails instead of allocating it."""
+
+    def find_class(self, module, name):
+        if "." not in name and ((module, name) in SAFE_GLOBALS or (
+                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint's metadata")
+
+
+def read_metadata(path: Path):
+    """DCP's Metadata of the checkpoint folder `path`, checked for what a load relies on; one
+    sentence and exit 1 if it cannot be read safely."""
+    from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+    try:
+        # from memory: a length field in a damaged pickle reads short instead of allocating its length
+        metadata = SafeUnpickler(io.BytesIO((Path(path) / ".metadata").read_bytes())).load()
+        if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
+            raise ValueError(f"it holds a {type(metadata).__name__}, not DCP's Metadata")
+        for info in (metadata.storage_data or {}).values():
+            name, offset, length = info.relative_path, info.offset, info.length
+            if not (isinstance(name, str) and SHARD_FILE.fullmatch(name) and type(offset) is int
+                    and type(length) is int and offset >= 0 and length >= 0):
+                raise ValueError(f"it names a shard {str(name)[:40]!r} at {offset!r}+{length!r}")
+        if not isinstance(getattr(metadata, "storage_meta", None), StorageMeta):
+            metadata.storage_meta = StorageMeta()
+    except Exception as e:  # anything a damaged pickle raises: nothing it names was called
+        why = (str(e).splitlines() or [type(e).__name__])[0][:160]
+        refuse(f"--resume: {Path(path).name}/.metadata cannot be read safely ({type(e).__name__}: {why}); "
+               "it is damaged or was not written by torch.distributed.checkpoint")
+    return metadata
+
+
+def read_train_state(path: Path, config: dict) -> dict:
+    """train_state.json of the checkpoint folder `path`, after checking that it belongs to this model
+    and that every file its metadata names is there and long enough; one sentence and exit 1 if not."""
+    path = Path(path)
+    try:
+        state = json.loads((path / STATE_NAME).read_text(encoding="utf-8"))
+        ok = (isinstance(state, dict) and type(state.get("step")) is int and state["step"] >= 0
+              and type(state.get("world_size")) is int and state["world_size"] >= 1
+              and state.get("shard") in ("ddp", "fsdp") and type(state.get("skipped_steps", 0)) is int
+              and isinstance(state.get("settings", {}), dict))
+    except (OSError, ValueError, RecursionError):
+        ok = False
+    if not ok:
+        refuse(f"--resume: {path.name}/{STATE_NAME} is not a train_gpu.py training state")
+    if state.get("model_config") != config:
+        refuse(f"--resume: the checkpoint's model {str(state.get('model_config'))[:200]} differs from this "
+               f"run's {config}")
+    files = {}
+    for info in (read_metadata(path).storage_data or {}).values():
+        files[info.relative_path] = max(files.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(files.items()):
+        f = path / name
+        if not f.is_file() or f.stat().st_size < size:
+            refuse(f"--resume: shard file {path.name}/{name} is {'missing' if not f.is_file() else 'truncated'}; "
+                   "the checkpoint cannot be loaded (an earlier one was removed when it completed)")
+    return state
+
+
+def _safe_reader(path: Path):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *a, **k):
+            metadata = read_metadata(Path(self.path))
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+    return SafeReader(path)
+
+
+def _safe_planner():
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class SafePlanner(DefaultLoadPlanner):
+        """Non-tensor values (the optimizer's hyperparameters) with torch.load(weights_only=True)."""
+
+        def load_bytes(self, read_item, value):
+            obj = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                from torch.distributed.checkpoint._nested_dict import set_element
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+    return SafePlanner()
+
+
+def _fits(path: Path, target: dict) -> None:
+    """Refuse, before loading, a checkpoint that lacks an entry of `target` or holds it in another shape."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    saved = read_metadata(path).state_dict_metadata
+    for key, value in flatten_state_dict(target)[0].items():
+        entry = saved.get(key)
+        if entry is None:
+            refuse(f"--resume: {path.name} holds no {key}: it was not saved by train_gpu.py for this model")
+        if torch.is_tensor(value) and (not isinstance(entry, TensorStorageMetadata)
+                                       or tuple(entry.size) != tuple(value.shape)):
+            size = tuple(entry.size) if isinstance(entry, TensorStorageMetadata) else "not a tensor"
+            refuse(f"--resume: {path.name} holds {key} as {size}, this run needs {tuple(value.shape)}")
+
+
+def load(path: Path, target: dict, world: int, optional=()) -> None:
+    """Load the checkpoint folder `path` into `target` (tensors sharded as this run shards them).
+    optional: top-level entries of `target` that are dropped from it if the checkpoint has none."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    path = Path(path)
+    saved = read_metadata(path).state_dict_metadata
+    for key in optional:
+        if key in target and not any(k.split(".")[0] == key for k in saved):
+            del target[key]
+    _fits(path, target)
+    try:
+        with single_process_quiet():
+            dcp.load(target, checkpoint_id=path, storage_reader=_safe_reader(path), planner=_safe_planner(),
+                     no_dist=world == 1)
+    except (Exception, CheckpointException) as e:  # CheckpointException derives from BaseException
+        failures = getattr(e, "failures", None)
+        cause = next(iter(failures.values()))[0] if failures else e  # one rank's (exception, traceback)
+        why = (str(cause).strip().splitlines() or [type(cause).__name__])[-1][:200]
+        refuse(f"--resume: {path.name} cannot be loaded, a shard is damaged ({type(cause).__name__}: {why})")
+
+
+# ---- what train_gpu.py's Trainer `t` saves and restores (model, optimizer, sampler, loss scaler) ----
+
+def checkpoint_state(t) -> dict:
+    """What a checkpoint holds, as tensors (DCP reshards those): model and optimizer by parameter name,
+    the sampler's and the CPU's RNG state, the GradScaler's scale and growth tracker."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    model_sd, optim_sd = get_state_dict(t.model, t.opt)
+    model_sd.pop("lm_head.weight", None)  # tied to tok_emb.weight: the same matrix, saved once
+    state = {"model": model_sd, "optim": optim_sd, "sampler_rng": t.sampler.gen.get_state(),
+             "cpu_rng": torch.get_rng_state()}
+    if t.scaler is not None:
+        state["scaler"] = {"scale": torch.tensor(t.scaler.get_scale()),
+                           "growth_tracker": torch.tensor(t.scaler._get_growth_tracker())}
+    return state
+
+
+def save_checkpoint(t, step: int, train_state: dict) -> Path:
+    """Save train_gpu.py's Trainer `t` at `step`; train_state: what train_state.json holds beside the step."""
+    train_state = {**train_state, "world_size": t.world, "skipped_steps": t.skipped,
+                   "shard": "fsdp" if t.sharded else "ddp"}
+    return save(t.args.out, step, checkpoint_state(t), train_state, t.rank, t.world)
+
+
+def load_checkpoint(t, path: Path, state: dict) -> int:
+    """Load a checkpoint saved on any number of processes under either scheme; return its step."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    target = checkpoint_state(t)  # the shapes to load into, sharded as this run shards
+    load(path, target, t.world, optional=("scaler",))  # a bf16 checkpoint has no scaler state
+    # strict=False: only lm_head.weight is absent, and it is tok_emb.weight (tied)
+    set_state_dict(t.model, t.opt, model_state_dict=target["model"], optim_state_dict=target["optim"],
+                   options=StateDictOptions(strict=False))
+    t.sampler.gen.set_state(target["sampler_rng"])
+    torch.set_rng_state(target["cpu_rng"])
+    if "scaler" in target:  # load_state_dict, not update(): the scaler has not scaled anything yet
+        saved = t.scaler.state_dict()
+        saved.update(scale=float(target["scaler"]["scale"]), _growth_tracker=int(target["scaler"]["growth_tracker"]))
+        t.scaler.load_state_dict(saved)
+    t.skipped = int(state.get("skipped_steps", 0))
+    return state["step"]
+
+
+def export_weights(model, out: Path, rank: int) -> None:
+    """OUT/model.pt: the whole model as one plain state_dict on rank 0 (gathered from the shards)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        save_atomic(sd, Path(out) / EXPORT_NAME)  # GPT(cfg).load_state_dict(torch.load(...)) takes it

@@ -1,0 +1,58 @@
+"""Faults injected into train_gpu.py for the tests, by monkeypatching: nothing of this is on the
+reader's path. `python tests/train_gpu_faults.py ARGS` (also under torchrun) runs train_gpu.main with
+the faults named in the environment variable TRAIN_GPU_FAULTS, `nan=STEP,inf=STEP,stop=STEP,sleep=MS,
+hang=STEP`: a NaN loss from STEP on (what a diverging run shows); an inf gradient at STEP on rank 0
+(what an fp16 overflow leaves); a stop request on the last rank at STEP (what a SIGTERM does); MS
+milliseconds of sleep per step (time for a test to send a real signal); the last rank stuck after STEP
+(a hung peer). In-process tests call install(spec, monkeypatch.setattr)."""
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "code"))
+import train_gpu  # noqa: E402
+
+
+def parse(spec: str) -> dict:
+    return {k: int(v) for k, v in (item.split("=") for item in spec.split(","))} if spec else {}
+
+
+def install(spec: str, setattr=setattr) -> None:
+    faults = parse(spec)
+    train_step, agreed, accumulate = train_gpu.train_step, train_gpu.StopFlag.agreed, train_gpu.accumulate_gradients
+    current = {}
+
+    def faulty_train_step(t, step):
+        current.update(t=t, step=step)
+        loss, norm = train_step(t, step)
+        if "nan" in faults and step + 1 >= faults["nan"]:
+            loss = loss * float("nan")
+        return loss, norm
+
+    def faulty_accumulate(*a, **k):
+        loss = accumulate(*a, **k)
+        t = current["t"]
+        if faults.get("inf") == current["step"] + 1 and t.rank == 0:
+            g = next(t.raw.parameters()).grad
+            (g.to_local() if hasattr(g, "to_local") else g).view(-1)[0] = float("inf")
+        return loss
+
+    def faulty_agreed(self, t, done, poll):
+        if faults.get("sleep"):
+            time.sleep(faults["sleep"] / 1000)
+        if faults.get("stop") == done and t.rank == t.world - 1:
+            self.signum = signal.SIGTERM
+        if faults.get("hang") == done and t.rank == t.world - 1:
+            time.sleep(3 * train_gpu.step_timeout(t.args))  # past the timeout
+        return agreed(self, t, done, poll)
+
+    setattr(train_gpu, "train_step", faulty_train_step)
+    setattr(train_gpu, "accumulate_gradients", faulty_accumulate)
+    setattr(train_gpu.StopFlag, "agreed", faulty_agreed)
+
+
+if __name__ == "__main__":
+    install(os.environ.get("TRAIN_GPU_FAULTS", ""))
+    train_gpu.main()
