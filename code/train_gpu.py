@@ -9,10 +9,11 @@
         --rdzv-id RUN code/train_gpu.py           # two machines, run on each (launch/: Slurm, SkyPilot)
 
 Copy to the box: code/ (this script and what it imports: checkpoint.py, run_log.py, token_source.py,
-device.py, data.py, model.py, train.py, memory.py, gpus.py, shapes.py, measure.py, arguments.py,
+device.py, preflight.py, data.py, model.py, train.py, memory.py, gpus.py, shapes.py, measure.py, arguments.py,
 script_support.py), data/songci.txt (or your --data file) and requirements.txt. `python code/budget.py
 ...` prints the command for the scheme and micro-batch that fit. This file reads top to bottom: the
-arguments, main, the loop (run), then setup, one step, checkpoints and the log.
+arguments, main, the loop (run), then setup, one step, checkpoints and the log. Before paying for a
+run: `--preflight` measures the box against the plan in about a minute (code/preflight.py).
 
 Global batch: --global-batch-tokens per optimizer step whatever the number of processes; accumulation =
 global batch / (micro-batch · seq-len · processes). Every process draws the step's start positions from
@@ -80,6 +81,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checkpoint  # noqa: E402
+import preflight  # noqa: E402
 from arguments import fraction, non_negative, non_negative_int, positive, positive_int, refuse  # noqa: E402
 from checkpoint import CKPT_DIR, EXPORT_NAME, complete_checkpoints, load_checkpoint, read_train_state, step_dir  # noqa: E402,E501
 from device import peak_flops, resolve_precision, setup_device  # noqa: E402
@@ -165,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--checkpoint-activations", action="store_true",
       help="recompute each block's activations during backward instead of keeping them (less memory)")
     a("--peak-tflops", type=positive, default=None, help="GPU peak for MFU if the name lookup does not know it")
+    a("--preflight", action="store_true", help="measure this box against the plan in about a minute (matmul, "
+      "all-reduce, host-to-device, disk, memory, topology: code/preflight.py) and train nothing")
     return p
 
 
@@ -187,7 +191,7 @@ def main(argv=None):
         if resume[1]["step"] > args.steps:  # the schedule cannot run backwards
             refuse(f"--resume: {found[-1].name} is at step {resume[1]['step']}, beyond --steps {args.steps}; "
                    "pass a larger --steps to train on")
-    elif found:
+    elif found and not args.preflight:
         refuse(f"{found[-1]} exists; pass --resume to continue it or choose another --out")
     device = setup_device(args, ranks.local_rank)
     precision = resolve_precision(args.precision, device)
@@ -204,10 +208,12 @@ def main(argv=None):
     except (dist.DistError, RuntimeError) as e:  # a peer never came, died or hung: say so, not C++
         if not isinstance(e, dist.DistError) and not any(w in str(e) for w in COLLECTIVE_WORDS):
             raise
-        what = ("a collective failed" if joined else "the other processes did not all join the process group")
-        print(f"error: process {ranks.rank}: {what} ({type(e).__name__}: {str(e).strip().splitlines()[0][:160]}); "
-              f"another process died or waited longer than --timeout-s {args.timeout_s:g} (after the first step "
-              f"--step-timeout-s {step_timeout(args):g})", file=sys.stderr)
+        why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}"
+        print(f"error: process {ranks.rank}: " + (
+            f"a collective failed ({why}); another process died or waited longer than --timeout-s "
+            f"{args.timeout_s:g} (after the first step --step-timeout-s {step_timeout(args):g})" if joined else
+            f"the other processes did not all join within --timeout-s {args.timeout_s:g} ({why}); start every "
+            "process of the launch (torchrun on each node) within that time"), file=sys.stderr)
         if not joined:
             sys.exit(EXIT_TIMEOUT)
         os._exit(EXIT_TIMEOUT)  # leaving the group could hang on the dead peer
@@ -219,6 +225,10 @@ def run(args, device, rank: int, world: int, accum: int, precision: str, data: "
     data.check_ids(device)
     stop = StopFlag()  # from now on SIGTERM/SIGUSR1 stop the run at a step boundary, with a checkpoint
     t = setup(args, device, rank, world, accum, precision, data)
+    if args.preflight:  # measure the box, train nothing
+        preflight.run(t, ledger_mib(args, t.raw.num_params(), world, t.ledger_scheme, accum if t.sharded else 1),
+                      print if rank == 0 else lambda *a: None)
+        return 0
     start = 0 if resume is None else load_checkpoint(t, *resume)
     log = RunLog(args, device, rank, world, precision, start)
     if start:

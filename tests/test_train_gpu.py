@@ -65,6 +65,11 @@ def max_diff(a, b):
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+def train_log(out, key="train_loss"):
+    """log.jsonl's lines of training steps (key="val_loss": of evaluations)."""
+    return [x for x in map(json.loads, (out / "log.jsonl").read_text(encoding="utf-8").splitlines()) if key in x]
+
+
 def ckpt_dirs(out):
     return sorted((out / "checkpoints").glob("step_*"))
 
@@ -74,14 +79,15 @@ slow = pytest.mark.slow  # starts processes (tests/conftest.py: the fast path le
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Uninterrupted runs of 8 AdamW steps: {(processes, scheme): out}, and a 1-process run with another
-    micro-batch split (only the summation order differs) for the noise floor."""
+    """Uninterrupted runs of 8 AdamW steps, evaluated at the end on 3 batches (4 processes: one runs a
+    padding batch): {(processes, scheme): out}, and a 1-process run with another micro-batch split (only
+    the summation order differs) for the noise floor."""
     outs = {}
     for nproc, shard, micro in ((1, "ddp", 8), (1, "noise", 4), (2, "ddp", 4), (2, "fsdp", 2),
                                 (4, "ddp", 2), (4, "fsdp", 2)):
         out = tmp_path_factory.mktemp(f"run{nproc}{shard}")
         r = run(RUN + ["--micro-batch", str(micro), "--shard", "ddp" if shard == "noise" else shard,
-                       "--out", str(out)], nproc=nproc)
+                       "--eval-every", str(STEPS), "--eval-batches", "3", "--out", str(out)], nproc=nproc)
         outs[nproc, shard] = out, r.stdout
     return outs
 
@@ -91,7 +97,7 @@ def test_smoke_run_logs_and_learns(runs):
     out, stdout = runs[1, "ddp"]
     assert "1 process on cpu" in stdout and "accumulation 2 = 512 tokens per step" in stdout
     assert "no MFU on CPU" in stdout and "MFU " not in stdout.replace("no MFU", "")
-    log = [json.loads(x) for x in (out / "log.jsonl").read_text(encoding="utf-8").splitlines()]
+    log = train_log(out)
     assert [x["step"] for x in log] == list(range(1, STEPS + 1))
     assert log[-1]["train_loss"] < log[0]["train_loss"]
     assert max(x["grad_norm"] for x in log) > 0.5  # the clip at 0.5 acts: clipping is in the comparison
@@ -132,6 +138,48 @@ def test_processes_and_schemes_end_with_the_same_parameters(runs, nproc, shard):
     diff = max_diff(weights(runs[1, "ddp"][0]), weights(out))
     print(f"{nproc} processes, {shard}: max |Δθ| = {diff:.2e} against 1 process")
     assert diff < TOL, diff
+
+
+@slow
+def test_evaluation_split_across_processes_equals_one_process(runs):
+    """Each process evaluates its share of the 3 fixed batches (of --micro-batch rows; some process runs
+    a padding batch that counts zero) and the sums are all-reduced: the same validation loss and bits per
+    byte as one process evaluating all of them, up to the weights' 1e-5."""
+    def val(key):
+        (entry,) = train_log(runs[key][0], "val_loss")
+        assert entry["step"] == STEPS and entry["val_bpb"] > 0
+        return entry["val_loss"], entry["val_bpb"]
+    for ref, others in (((1, "noise"), [(2, "ddp")]), ((2, "fsdp"), [(4, "ddp"), (4, "fsdp")])):  # same micro-batch
+        for key in others:
+            assert max(abs(a - b) for a, b in zip(val(ref), val(key))) < 1e-4, (ref, key, val(ref), val(key))
+
+
+@slow
+def test_sigterm_to_the_launcher_saves_and_records_75_within_the_shutdown_timeout(tmp_path):
+    """As Slurm or a spot notice does it: SIGTERM to torchrun, which forwards it to both workers and kills
+    them after --shutdown-timeout. They save a complete checkpoint, record 75 and exit, without model.pt."""
+    import time
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "--shutdown-timeout", "60", FAULTY] + RUN + ["--micro-batch", "4", "--out", str(tmp_path)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                         env={**ENV, "TRAIN_GPU_FAULTS": "sleep=300"}, start_new_session=True)
+    try:
+        for line in p.stdout:
+            if line.startswith("step     2/"):
+                p.send_signal(signal.SIGTERM)
+                sent = time.perf_counter()
+                break
+        out, err = p.communicate(timeout=120)
+        took = time.perf_counter() - sent
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert took < 60, (took, err)  # within the shutdown timeout: nobody was killed
+    assert json.loads((tmp_path / "run.json").read_text(encoding="utf-8"))["exit_code"] == 75, out + err
+    (d,) = ckpt_dirs(tmp_path)
+    assert (d / ".metadata").is_file() and len(list(d.glob("*.distcp"))) == 2
+    assert not (tmp_path / "model.pt").exists() and "stopped by SIGTERM" in out
 
 
 def test_sharded_init_equals_the_unsharded_one(tmp_path):
@@ -204,8 +252,7 @@ def test_resume_at_the_same_world_size_is_bitwise(runs, sigterm, tmp_path):
     ref = weights(runs[2, "fsdp"][0])
     resumed = weights(out)
     assert all(torch.equal(ref[k], resumed[k]) for k in ref)
-    log = [json.loads(x) for x in (out / "log.jsonl").read_text(encoding="utf-8").splitlines()]
-    ref_log = [json.loads(x) for x in (runs[2, "fsdp"][0] / "log.jsonl").read_text(encoding="utf-8").splitlines()]
+    log, ref_log = train_log(out), train_log(runs[2, "fsdp"][0])
     assert [x["train_loss"] for x in log] == [x["train_loss"] for x in ref_log]  # compared from the logs
 
 
@@ -410,6 +457,44 @@ def test_fp16_with_a_real_overflow_stopped_and_resumed_equals_the_uninterrupted_
     assert 0 < log("whole")[-1]["skipped_steps"] < 6, log("whole")  # some overflowed, later ones stepped
 
 
+def test_a_peer_that_never_joins_is_one_sentence_and_exit_4(tmp_path, capsys, monkeypatch):
+    """Rank 0 of 2, started as srun would (the environment, no torchrun), whose peer never comes."""
+    port = _free_port()
+    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(k, v)
+    args = TINY + ["--micro-batch", "4", "--global-batch-tokens", "256", "--timeout-s", "1"]
+    e = main_here(args + ["--steps", "2", "--out", str(tmp_path / "o")], status=4)
+    msg = refusal(e, capsys, status=4)
+    assert "did not all join within --timeout-s 1" in msg and "DistStoreError" in msg, msg
+
+
+PREFLIGHT_LINES = ("preflight: 1 process(es) on cpu", "  matmul 1024³ fp32 per process:", "  all-reduce:",
+                   "  host memory copy", "  disk in --out:", "preflight: ")
+
+
+def test_preflight_measures_the_box_and_trains_nothing(tmp_path, capsys):
+    import time
+    start = time.perf_counter()
+    main_here(HERE + ["--out", str(tmp_path / "o"), "--preflight"])
+    took = time.perf_counter() - start
+    printed = capsys.readouterr().out
+    print(printed)
+    for words in PREFLIGHT_LINES:
+        assert any(line.startswith(words) for line in printed.splitlines()), (words, printed)
+    assert printed.splitlines()[-1].startswith("preflight: 0 warning(s)") and took < 60
+    assert list((tmp_path / "o").iterdir()) == []  # no checkpoint, no record, no probe file left
+
+
+@slow
+def test_preflight_on_two_processes_measures_the_all_reduce(tmp_path):
+    r = run(RUN + ["--micro-batch", "4", "--preflight", "--out", str(tmp_path)], nproc=2)
+    assert "preflight: 2 process(es) on cpu" in r.stdout and "all-reduce 8 MiB: bus bandwidth" in r.stdout, r.stdout
+    matmul = next(x for x in r.stdout.splitlines() if "matmul" in x)
+    assert len(matmul.split("per process: ")[1].split(" GFLOP/s")[0].split(", ")) == 2  # each process's own
+    assert not list(tmp_path.iterdir())
+
+
 def _fuzzed(rng, good: bytes, sentinel_module: str) -> bytes:
     """Random bytes, a mutated or cut copy of a real .metadata, or one whose globals name a sentinel."""
     kind = rng.integers(6)
@@ -472,8 +557,8 @@ def test_a_hung_process_is_one_sentence_after_the_timeout(tmp_path):
     r = run(RUN + ["--micro-batch", "4", "--timeout-s", "5", "--out", str(tmp_path)],
             nproc=2, check=False, timeout=120, faults="hang=1")
     line = next(x for x in r.stderr.splitlines() if x.startswith("error: process 0"))
-    assert r.returncode != 0 and "another process died or waited longer than --timeout-s 5 (after the first step " \
-        "--step-timeout-s 5)" in line, r.stderr
+    assert r.returncode != 0 and "a collective failed" in line and "another process died or waited longer than " \
+        "--timeout-s 5 (after the first step --step-timeout-s 5)" in line, r.stderr
 
 
 @slow
