@@ -252,10 +252,11 @@ def margin(value: float, op: str, bound: float) -> float:
     return large / small if small > 0 and large > 0 else large - small
 
 
-def check(name: str, value: float, op: str, bound: float) -> float:
+def check(name: str, value: float, op: str, bound: float) -> None:
     """Assert that a measured value is on the right side of its bound ('<' or '>'), and record the
-    margin, so that the chapter's record (print_record) shows how close each claim came on this
-    machine. Returns the margin; a failure says the value, the bound and the margin in one sentence."""
+    margin (CHECKS), so that the chapter's record (print_record) shows how close each claim came on
+    this machine. A failure says the value, the bound and the margin in one sentence. Returns nothing,
+    so that a check as a cell's last line prints nothing."""
     m = margin(value, op, bound)
     holds = value < bound if op == "<" else value > bound
     ratio = value > 0 and bound > 0
@@ -264,7 +265,6 @@ def check(name: str, value: float, op: str, bound: float) -> float:
         with open(os.environ["BOOK_MARGINS_FILE"], "a", encoding="utf-8") as f:
             f.write(json.dumps(CHECKS[-1]) + "\n")
     assert holds, f"{name}: measured {value:.4g}, which is not {op} {bound:.4g} (margin {_margin_text(m, ratio)})"
-    return m
 
 
 def _margin_text(m: float, ratio: bool) -> str:
