@@ -19,7 +19,7 @@
     "--tokens": "训练 token 数 D", "--seq-len": "序列长度 s", "--micro-batch": "微批次 b", "--layout": "精度布局",
     "--fp32-grads": "fp32 梯度", "--checkpoint-activations": "激活检查点", "--price-per-gpu-hour": "每 GPU 小时的价格",
     "--grad-accum": "梯度累积步数", "--link-gb-s": "卡间带宽（GB/s，单向）", "--gpus-per-node": "每台机器的 GPU 数",
-    "--node-link-gbit": "机间网口（Gb/s）",
+    "--node-link-gbit": "机间网口（Gb/s）", "--grad-sync": "FSDP 累积时的梯度同步",
   };
   // Flags in no section go to the "advanced" fold, so a flag added to budget.py shows up there by itself.
   const SECTIONS = [
@@ -36,7 +36,7 @@
   const INITIAL = { "--d-model": "2048", "--n-layer": "20", "--gpus": "8", "--gpu": "H100", "--mfu": "0.4",
                     "--seq-len": "2048", "--micro-batch": "8" };
   const PART_COLORS = ["#3b6fb6", "#6d9fd8", "#a3c4ea", "#3f8f4e", "#7fb86a", "#b5d88e", "#8e6bb8",
-                       "#d9722b", "#f0ae6e", "#b04a5a", "#777777"];
+                       "#d9722b", "#f0ae6e", "#b04a5a", "#777777", "#c9b037"];
   const SCHEME_COLORS = ["#3b6fb6", "#d9722b", "#3f8f4e", "#b04a5a", "#8e6bb8"];
   const DEBOUNCE_MS = 150;
 

@@ -9,7 +9,8 @@ What it assumes (each one a flag where a reader may differ):
   compute     FLOPs per token = 6N + 12·L·s·h (forward 2N, backward 4N, plus attention's QKᵀ and PV,
               which no parameter counts) when the shape is given; 6N when only --params is;
   data        D = 20·N tokens (Chinchilla's compute-optimal ratio) unless --tokens is given;
-  time        hours = FLOPs / (GPUs · peak · MFU) / 3600, with the GPU's dense bf16 peak and MFU 40 %;
+  time        hours = FLOPs / (GPUs · peak · MFU) / 3600, with the GPU's dense peak (bf16, or fp16 where
+              it has no bf16) and MFU 40 %;
   memory      the memory ledger, code/memory.py: weights, gradients and optimizer state by precision
               layout (--layout; default: train_gpu.py's autocast over fp32 weights), split by DDP or
               ZeRO-1/2/3; this model's activations (bf16 autocast, flash attention, eager autograd),
@@ -22,8 +23,11 @@ What it assumes (each one a flag where a reader may differ):
   step        one optimizer step = GPUs × micro-batch × seq-len × --grad-accum tokens; its compute time
               at this MFU, beside the time its communication takes over the GPU's link (code/gpus.py,
               per direction; across machines the slower of it and --node-link-gbit) with ring
-              collectives and nothing overlapped: DDP and ZeRO-1 reduce once per step, ZeRO-2 and
-              ZeRO-3 after every micro-batch, ZeRO-3 also gathers the weights for forward and backward.
+              collectives and nothing overlapped, counted by memory.Run as train_gpu.py sends it: DDP one
+              fp32 all-reduce per step; FSDP bf16 all-gathers every micro-batch (ZeRO-3 for forward and
+              for backward) and fp32 reduce-scatters on the last micro-batch, or on every one with
+              --grad-sync every (auto: only where holding the whole fp32 gradients does not fit);
+              ZeRO-1 and --layout mixed as the textbook counts them (memory.textbook_sent_bytes).
 
 With no arguments it prints the seed's rule of thumb (16 bytes/param, 34·s·b·h·L, 6N, no logits),
 reproduced exactly, and beside it the same scenarios computed by the ledger.
@@ -111,7 +115,7 @@ def corrected_rows(peak_flops: float = H100.peak_flops, mfu: float = DEFAULT_MFU
         n = param_count(sc.d_model, sc.n_layer, REFERENCE_VOCAB)
         tokens = DEFAULT_TOKENS_PER_PARAM * n
         flops = flops_per_token(shape, n) * tokens
-        peak = {s: memory.step_bytes(shape, n, sc.gpus, s, layout, checkpoint=checkpoint) for s in ("ddp", "zero3")}
+        peak = {s: peak_parts(shape, n, sc.gpus, s, layout, checkpoint=checkpoint) for s in ("ddp", "zero3")}
         rows.append(dict(scenario=sc, n_params=n, tokens=tokens, flops=flops, gpus=sc.gpus,
                          attention_share=attention_share(shape, n),
                          hours=train_hours(flops, sc.gpus, peak_flops, mfu),
@@ -122,8 +126,13 @@ def corrected_rows(peak_flops: float = H100.peak_flops, mfu: float = DEFAULT_MFU
     return rows
 
 
+STATE_PARTS = ("weights", "grads", "optimizer", "buckets", "whole grads", "gathered weights")
+
+
 def _state(parts: dict) -> float:
-    return parts["weights"] + parts["grads"] + parts["optimizer"]
+    """What a GPU holds of the model beyond one micro-batch's activations: its state (shards under FSDP),
+    DDP's buckets, FSDP's whole gradients during accumulation and its gathered weights."""
+    return sum(parts.get(k, 0) for k in STATE_PARTS)
 
 
 def _logits(parts: dict) -> float:
@@ -131,7 +140,7 @@ def _logits(parts: dict) -> float:
 
 
 def _activations(parts: dict) -> float:
-    return parts["layers"] + parts["recomputed block"] + parts["head"] + parts["weight copies"]
+    return sum(parts.get(k, 0) for k in ("layers", "recomputed block", "head", "weight copies"))
 
 
 def link_bytes_per_s(gpus: int, link_gb_s: float | None, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
@@ -151,37 +160,72 @@ def ring_all_reduce_bytes(nbytes: float, gpus: int) -> float:
     return 2 * (gpus - 1) / gpus * nbytes
 
 
-def comm_bytes_per_step(n_params: float, gpus: int, scheme: str, layout: str = "autocast",
-                        fp32_grads: bool = False, grad_accum: int = 1) -> float:
-    """Bytes each GPU sends in one optimizer step, with ring collectives over `gpus` GPUs.
+FSDP_PRECISION = "bf16"  # train_gpu.py's FSDP policy: param_dtype bf16 (fp16 on a GPU without bf16), reduce fp32
 
-    A ring all-reduce of B bytes sends 2(N-1)/N·B per GPU (a reduce-scatter, then an all-gather, each
-    (N-1)/N·B). Weights and gradients travel in their layout's dtype (memory.bytes_per_param).
-    DDP: one all-reduce of the gradients per step (no_sync skips it on the other micro-batches).
-    ZeRO-1: gradients are whole until the step, then reduce-scattered; the updated weights all-gathered.
-    ZeRO-2: each GPU keeps only its shard of the gradients, so they are reduce-scattered after every
-    micro-batch. ZeRO-3/FSDP: also the weights are shards, all-gathered before each micro-batch's
-    forward and again before its backward."""
-    if gpus == 1:
-        return 0.0
-    per = memory.bytes_per_param(layout, fp32_grads)
-    weights, grads = n_params * per["weights"], n_params * per["grads"]
-    half = ring_all_reduce_bytes(1, gpus) / 2  # a reduce-scatter or an all-gather: (N-1)/N of a message
-    sent = {"ddp": ring_all_reduce_bytes(grads, gpus),
-            "zero1": half * (grads + weights),
-            "zero2": half * (grad_accum * grads + weights),
-            "zero3": half * grad_accum * (2 * weights + grads)}
-    return sent[scheme]
+
+def script_run(n_params: float, gpus: int, scheme: str, shape=None, grad_accum: int = 1, sync_every: bool = False,
+               checkpoint: bool = False) -> "memory.Run":
+    """The run train_gpu.py performs for a scheme the ledger names (not ZeRO-1): DDP under autocast over
+    fp32 weights, its gradients views of its buckets; FSDP2 with param_dtype bf16, reduce_dtype fp32."""
+    return memory.Run(shape, gpus=gpus, scheme=scheme, precision="autocast" if scheme == "ddp" else FSDP_PRECISION,
+                      accum=grad_accum, sync_every=sync_every, checkpoint=checkpoint,
+                      n_params=None if shape is not None else n_params)
+
+
+def is_script_scheme(scheme: str, layout: str) -> bool:
+    """Whether train_gpu.py runs this scheme and layout (then memory.Run describes it), or only the
+    textbook counts it (ZeRO-1; the mixed layout)."""
+    return layout == "autocast" and scheme in memory.RUN_SCHEMES
+
+
+def comm_bytes_per_step(n_params: float, gpus: int, scheme: str, layout: str = "autocast",
+                        fp32_grads: bool = False, grad_accum: int = 1, shape=None, sync_every: bool = False) -> float:
+    """Bytes each GPU sends in one optimizer step, with ring collectives over `gpus` GPUs: for what
+    train_gpu.py runs, memory.run_sent_bytes of its run (DDP: one fp32 all-reduce per step; FSDP: bf16
+    all-gathers every micro-batch, fp32 reduce-scatters on the last one, or every one with sync_every);
+    else the textbook's count, memory.textbook_sent_bytes."""
+    if is_script_scheme(scheme, layout):
+        return sum(memory.run_sent_bytes(script_run(n_params, gpus, scheme, shape, grad_accum, sync_every)).values())
+    return memory.textbook_sent_bytes(n_params, gpus, scheme, layout, fp32_grads, grad_accum)
+
+
+def peak_parts(shape, n_params: float, gpus: int, scheme: str, layout: str = "autocast", fp32_grads: bool = False,
+               checkpoint: bool = False, grad_accum: int = 1, sync_every: bool = False) -> dict:
+    """The ledger's peak per GPU by part: memory.run_peak_bytes for what train_gpu.py runs, else the
+    textbook's memory.step_bytes (no shape: the state alone)."""
+    if is_script_scheme(scheme, layout):
+        return memory.run_peak_bytes(script_run(n_params, gpus, scheme, shape, grad_accum, sync_every, checkpoint),
+                                     n_params)
+    if shape is None:
+        parts = memory.state_bytes(n_params, gpus, scheme, layout, fp32_grads)
+        return {**parts, "total": sum(parts.values())}
+    return memory.step_bytes(shape, n_params, gpus, scheme, layout, fp32_grads, checkpoint)
+
+
+def choose_sync(shape, n_params: float, gpus: int, scheme: str, memory_gb, layout: str = "autocast",
+                checkpoint: bool = False, grad_accum: int = 1, grad_sync: str = "auto") -> bool:
+    """Whether FSDP reduce-scatters every micro-batch: --grad-sync every, or auto when holding the whole
+    fp32 gradients until the last micro-batch does not fit (holding sends less)."""
+    if scheme not in ("zero2", "zero3") or grad_accum == 1 or grad_sync == "last":
+        return False
+    if grad_sync == "every":
+        return True
+    if memory_gb is None:
+        return False
+    held = peak_parts(shape, n_params, gpus, scheme, layout, checkpoint=checkpoint, grad_accum=grad_accum)
+    return held["total"] > USABLE_FRACTION * memory_gb * GB
 
 
 def max_micro_batch(shape: memory.Shape, n_params: float, gpus: int, scheme: str, memory_gb: float,
-                    layout: str = "autocast", fp32_grads: bool = False, checkpoint: bool = False) -> int:
+                    layout: str = "autocast", fp32_grads: bool = False, checkpoint: bool = False,
+                    grad_accum: int = 1, sync_every: bool = False) -> int:
     """The largest micro-batch whose ledger peak fits the usable memory (0: not even one sequence)."""
     limit = USABLE_FRACTION * memory_gb * GB
 
     def fits(b: int) -> bool:
         s = memory.Shape(shape.d_model, shape.n_layer, shape.n_head, shape.seq_len, b, shape.vocab_size)
-        return memory.step_bytes(s, n_params, gpus, scheme, layout, fp32_grads, checkpoint)["total"] <= limit
+        return peak_parts(s, n_params, gpus, scheme, layout, fp32_grads, checkpoint, grad_accum,
+                          sync_every)["total"] <= limit
 
     if not fits(1):
         return 0
@@ -228,7 +272,7 @@ def estimate(*, n_params: float, gpus: int, peak_flops: float, mfu: float, token
              memory_gb: float | None = None, shape: memory.Shape | None = None, layout: str = "autocast",
              fp32_grads: bool = False, checkpoint: bool = False, price_per_gpu_hour: float | None = None,
              seq_len: int = 2048, micro_batch: int = 8, grad_accum: int = 1,
-             link_bytes_s: float | None = None) -> dict:
+             link_bytes_s: float | None = None, grad_sync: str = "auto") -> dict:
     """Everything the command line prints, as numbers (bytes, FLOPs, seconds, hours). Without a shape
     there is no activation memory and FLOPs are 6N per token; with one, its seq_len and micro_batch
     replace the arguments of those names. link_bytes_s: what one GPU sends per second (None: unknown,
@@ -246,19 +290,20 @@ def estimate(*, n_params: float, gpus: int, peak_flops: float, mfu: float, token
                attention_share=None if shape is None else attention_share(shape, n_params),
                cost=None if price_per_gpu_hour is None else hours * gpus * price_per_gpu_hour, step=step, memory={})
     for scheme in memory.SCHEMES:
-        state = memory.state_bytes(n_params, gpus, scheme, layout, fp32_grads)
-        sent = comm_bytes_per_step(n_params, gpus, scheme, layout, fp32_grads, grad_accum)
+        sync = choose_sync(shape, n_params, gpus, scheme, memory_gb, layout, checkpoint, grad_accum, grad_sync)
+        parts = peak_parts(shape, n_params, gpus, scheme, layout, fp32_grads, checkpoint, grad_accum, sync)
+        sent = comm_bytes_per_step(n_params, gpus, scheme, layout, fp32_grads, grad_accum, shape, sync)
         comm_s = None if link_bytes_s is None else sent / link_bytes_s
-        row = dict(state=sum(state.values()), activations=None, logits=None, total=None, fits=None,
-                   max_micro_batch=None, comm_bytes=sent, comm_s=comm_s,
+        row = dict(state=_state(parts), activations=None, logits=None, total=None, fits=None,
+                   max_micro_batch=None, comm_bytes=sent, comm_s=comm_s, sync_every=sync,
+                   script=is_script_scheme(scheme, layout),
                    comm_dominates=None if comm_s is None else comm_s > step["compute_s"])
         if shape is not None:
-            parts = memory.step_bytes(shape, n_params, gpus, scheme, layout, fp32_grads, checkpoint)
             row.update(parts=parts, activations=_activations(parts), logits=_logits(parts), total=parts["total"])
             if memory_gb is not None:
                 row["fits"] = parts["total"] <= USABLE_FRACTION * memory_gb * GB
                 row["max_micro_batch"] = max_micro_batch(shape, n_params, gpus, scheme, memory_gb, layout,
-                                                         fp32_grads, checkpoint)
+                                                         fp32_grads, checkpoint, grad_accum, sync)
         out["memory"][scheme] = row
     return out
 
@@ -267,8 +312,18 @@ def _cell(x, width: int) -> str:
     return f"{'?':>{width}}" if x is None else f"{x / GB:>{width}.2f}"
 
 
+def memory_label(layout: str, fp32_grads: bool = False) -> str:
+    """What the memory rows count: train_gpu.py's own precision per scheme, or a textbook layout."""
+    if layout == "autocast":
+        return (f"as train_gpu.py runs: DDP {memory.PRECISIONS['autocast']} (gradients as bucket views), "
+                f"FSDP {memory.PRECISIONS['bf16'].removeprefix('FSDP2 ')}; ZeRO-1 (not in train_gpu.py) as the "
+                f"textbook counts it over fp32 weights under autocast")
+    return memory.layout_name(layout, fp32_grads) + ", as the textbook counts it"
+
+
 def report(est: dict, gpu_label: str, peak_flops: float, mfu: float, memory_gb, layout: str = "autocast",
-           checkpoint: bool = False, link_label: str = "", fp32_grads: bool = False) -> str:
+           checkpoint: bool = False, link_label: str = "", fp32_grads: bool = False,
+           peak_label: str = "bf16 dense peak") -> str:
     n, d = est["n_params"], est["tokens"]
     if est["attention_share"] is None:
         compute = f"compute     6·N·D = {sci(est['flops'], 2)} FLOPs (give --d-model and --n-layer to count attention)"
@@ -278,15 +333,16 @@ def report(est: dict, gpu_label: str, peak_flops: float, mfu: float, memory_gb, 
     lines = [
         f"model       {n / 1e9:.3f}B parameters, {d / 1e9:.1f}B tokens ({d / n:.1f} tokens/param)",
         compute,
-        f"hardware    {est['gpus']} × {gpu_label}: {peak_flops / 1e12:.1f} TFLOP/s bf16 peak each, "
+        f"hardware    {est['gpus']} × {gpu_label}: {peak_flops / 1e12:.1f} TFLOP/s {peak_label} each, "
         f"MFU {mfu:.0%} → {est['gpus'] * peak_flops * mfu / 1e12:.0f} TFLOP/s achieved",
         f"time        {est['hours']:,.2f} hours ({est['hours'] / 24:,.2f} days), {est['gpu_hours']:,.1f} GPU-hours",
     ]
     if est["cost"] is not None:
         lines.append(f"cost        {est['cost']:,.0f} (GPU-hours × price per GPU-hour)")
-    lines.append(f"memory per GPU (GB): {memory.layout_name(layout, fp32_grads)}; activations of eager bf16 autocast "
+    lines.append(f"memory per GPU (GB): {memory_label(layout, fp32_grads)}; activations of eager autograd "
                  f"with flash attention{', checkpointed per block' if checkpoint else ''}; logits include the "
-                 f"loss's temporaries")
+                 f"loss's temporaries; state includes DDP's buckets, FSDP's gathered weights and, with "
+                 f"accumulation, its whole fp32 gradients")
     limit = None if memory_gb is None else USABLE_FRACTION * memory_gb
     header = f"  {'scheme':<12} {'state':>8} {'activations':>12} {'logits':>8} {'total':>8}"
     if limit is not None:
@@ -299,6 +355,11 @@ def report(est: dict, gpu_label: str, peak_flops: float, mfu: float, memory_gb, 
             row += f"   {'?' if m['fits'] is None else ('yes' if m['fits'] else 'no'):<19}"
             row += f"  {'?' if m['max_micro_batch'] is None else m['max_micro_batch']}"
         lines.append(row)
+    if est["step"]["grad_accum"] > 1 and est["gpus"] > 1:
+        every = [memory.SCHEME_NAMES[s] for s in ("zero2", "zero3") if est["memory"][s]["sync_every"]]
+        lines.append("accumulate  FSDP holds the whole fp32 gradients until the last micro-batch and reduce-scatters "
+                     "once" + (f"; {', '.join(every)} reduce-scatter every micro-batch instead (--grad-sync)"
+                               if every else ""))
     if est["attention_share"] is None:
         lines.append("  (activations need --d-model and --n-layer)")
     elif limit is not None:
@@ -345,7 +406,8 @@ SHARD_FLAGS = {"ddp": ["--shard", "ddp"], "zero2": ["--shard", "fsdp", "--no-res
 
 
 def command_lines(est: dict, shape, gpus_per_node: int, layout: str, checkpoint: bool) -> list:
-    """The train_gpu.py command of the first scheme that fits, at this shape, micro-batch and step."""
+    """The train_gpu.py command of the least-sharded scheme that fits (or of one that fits and sends less),
+    at this shape, micro-batch and step."""
     if shape is None or not any(m["fits"] is not None for m in est["memory"].values()):
         return []
     if layout != "autocast":
@@ -353,7 +415,12 @@ def command_lines(est: dict, shape, gpus_per_node: int, layout: str, checkpoint:
     fitting = [s for s, m in est["memory"].items() if m["fits"]]
     if not fitting:
         return ["command     none: no scheme fits (see the verdict)"]
+    # the least-sharded scheme that fits, unless a more sharded one that fits sends less (with accumulation,
+    # ZeRO-2 that must reduce-scatter every micro-batch can send more than ZeRO-3 holding the gradients)
     scheme, lines = fitting[0], []
+    if scheme != "zero1":  # ties go to the least sharded
+        runnable = [s for s in fitting if s != "zero1"]
+        scheme = min(runnable, key=lambda s: (est["memory"][s]["comm_bytes"], runnable.index(s)))
     if scheme == "zero1":
         extra = est["memory"]["zero2"]["comm_bytes"] - est["memory"]["zero1"]["comm_bytes"]
         lines.append("note        train_gpu.py has no ZeRO-1; the closest is --shard fsdp --no-reshard-after-forward "
@@ -372,6 +439,8 @@ def command_lines(est: dict, shape, gpus_per_node: int, layout: str, checkpoint:
              "--global-batch-tokens", st["tokens"], "--steps", math.ceil(st["steps"]), *SHARD_FLAGS[scheme]]
     if checkpoint:
         flags.append("--checkpoint-activations")
+    if scheme != "ddp" and st["grad_accum"] > 1:  # the choice the rows were computed with, said explicitly
+        flags += ["--grad-sync", "every" if est["memory"][scheme]["sync_every"] else "last"]
     return lines + ["command     " + " ".join(str(x) for x in [*launch, "code/train_gpu.py", *flags])]
 
 
@@ -394,7 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="vocabulary V: the logits' size, and N when derived from the shape (default 8192)")
     p.add_argument("--gpus", type=positive_int, default=8, help="number of GPUs (default 8)")
     p.add_argument("--gpu", default="H100", help="GPU from the catalog: " + ", ".join(g.name for g in CATALOG))
-    p.add_argument("--peak-tflops", type=positive, help="dense bf16 peak per GPU in TFLOP/s (overrides --gpu)")
+    p.add_argument("--peak-tflops", type=positive, help="dense 16-bit peak per GPU in TFLOP/s (overrides --gpu)")
     p.add_argument("--memory-gb", type=positive, help="memory per GPU in GB (overrides --gpu)")
     p.add_argument("--mfu", type=_mfu, default=DEFAULT_MFU, help="model FLOPs utilisation, 0-1 (default 0.4)")
     data = p.add_mutually_exclusive_group()
@@ -413,6 +482,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--price-per-gpu-hour", type=positive, help="rental price of one GPU for one hour")
     p.add_argument("--grad-accum", type=positive_int, default=1,
                    help="micro-batches per GPU per optimizer step (default 1)")
+    p.add_argument("--grad-sync", choices=("auto", "last", "every"), default="auto",
+                   help="FSDP during accumulation: last = hold the whole fp32 gradients and reduce-scatter on the "
+                        "last micro-batch (train_gpu.py's default); every = reduce-scatter every micro-batch "
+                        "(torchtitan's choice); "
+                        "auto (default): last where it fits, else every")
     p.add_argument("--link-gb-s", type=positive,
                    help="GB/s one GPU sends to the others, per direction (default: the GPU's link in code/gpus.py)")
     p.add_argument("--gpus-per-node", type=positive_int, default=DEFAULT_GPUS_PER_NODE,
@@ -482,12 +556,13 @@ def plan(argv: list) -> dict:
                    shape=shape, layout=args.layout, fp32_grads=args.fp32_grads,
                    checkpoint=args.checkpoint_activations, price_per_gpu_hour=args.price_per_gpu_hour,
                    seq_len=args.seq_len, micro_batch=args.micro_batch, grad_accum=args.grad_accum,
-                   link_bytes_s=link)
+                   link_bytes_s=link, grad_sync=args.grad_sync)
     if not _finite(est) or not est["step"]["compute_s"] > 0:
         parser.error("these numbers are beyond what a float can hold (a result overflows); use realistic sizes")
+    peak_label = "dense peak" if custom else f"{gpu.precision} dense peak"
     text = "\n".join([report(est, label, peak, args.mfu, memory_gb, args.layout, args.checkpoint_activations,
-                              link_label, args.fp32_grads), *command_lines(est, shape, args.gpus_per_node, args.layout,
-                                                          args.checkpoint_activations)])
+                              link_label, args.fp32_grads, peak_label),
+                       *command_lines(est, shape, args.gpus_per_node, args.layout, args.checkpoint_activations)])
     return dict(args=args, est=est, shape=shape, label=label, peak=peak, memory_gb=memory_gb, link_gb_s=link_gb_s,
                 link_label=link_label, text=text)
 
@@ -504,8 +579,9 @@ def page(argv: list) -> dict:
     except SystemExit:
         return dict(ok=False, error=err.getvalue().strip(), text="")
     args, est = p["args"], p["est"]
-    parts = {s: m["parts"] if "parts" in m else memory.state_bytes(  # no shape: the model state alone
-        est["n_params"], args.gpus, s, args.layout, args.fp32_grads) for s, m in est["memory"].items()}
+    parts = {s: m["parts"] if "parts" in m else peak_parts(  # no shape: the model state alone
+        None, est["n_params"], args.gpus, s, args.layout, args.fp32_grads, grad_accum=args.grad_accum,
+        sync_every=m["sync_every"]) for s, m in est["memory"].items()}
     memory_parts = {memory.SCHEME_NAMES[s]: {k: v / GB for k, v in ps.items() if k != "total"}
                     for s, ps in parts.items()}
     counts = sorted({2 ** k for k in range(13) if 2 ** k <= max(64, 4 * args.gpus)} | {args.gpus})
@@ -515,7 +591,7 @@ def page(argv: list) -> dict:
         e = estimate(n_params=est["n_params"], gpus=g, peak_flops=p["peak"], mfu=args.mfu, tokens=est["tokens"],
                      shape=p["shape"], layout=args.layout, fp32_grads=args.fp32_grads,
                      price_per_gpu_hour=args.price_per_gpu_hour, seq_len=args.seq_len, micro_batch=args.micro_batch,
-                     grad_accum=args.grad_accum,
+                     grad_accum=args.grad_accum, grad_sync=args.grad_sync,
                      link_bytes_s=link_bytes_per_s(g, p["link_gb_s"], args.gpus_per_node, args.node_link_gbit))
         sweep["hours"].append(e["hours"])
         sweep["cost"].append(e["cost"])

@@ -251,7 +251,7 @@ def rule_of_thumb_activation_bytes(seq_len: int, micro_batch: int, d_model: int,
 
 # ---- witness: count what autograd really saves ---------------------------------------------------
 
-def trace_saved_bytes(shape: Shape, kernels: str = "gpu", checkpoint: bool = False) -> dict:
+def trace_saved_bytes(shape: Shape, kernels: str = "gpu", checkpoint: bool = False, param_dtype=None) -> dict:
     """Run one forward pass of the book's GPT and count the bytes autograd saves for backward.
 
     Every tensor saved for backward passes through torch.autograd.graph.saved_tensors_hooks; a
@@ -270,7 +270,9 @@ def trace_saved_bytes(shape: Shape, kernels: str = "gpu", checkpoint: bool = Fal
     between the embedding's output and the final norm, 'logits' any other saved tensor with a
     vocabulary-sized dimension, 'weight copies' the bf16 copies of parameters, 'head' the rest.
     With checkpoint=True, 'recomputed block' is what a one-block model saves (the recomputation
-    runs the same operations), beyond the copies the checkpointed run already keeps."""
+    runs the same operations), beyond the copies the checkpointed run already keeps.
+    param_dtype: e.g. torch.bfloat16, the weights as FSDP's MixedPrecisionPolicy gathers them (no
+    autocast then: every matmul already reads bf16; its saved weights are the gathered parameters)."""
     import torch
 
     from model import GPT, GPTConfig
@@ -282,6 +284,9 @@ def trace_saved_bytes(shape: Shape, kernels: str = "gpu", checkpoint: bool = Fal
         model = GPT(cfg)
         idx = torch.zeros(shape.micro_batch, shape.seq_len, dtype=torch.long)
         targets = torch.zeros(shape.micro_batch, shape.seq_len, dtype=torch.long)
+    if param_dtype is not None:  # the parameters only: FSDP casts no buffers (RoPE's tables stay fp32)
+        for p in model.parameters():
+            p.data = p.data.to(param_dtype)
     model.checkpoint_blocks = checkpoint
     state = {t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())}
 
@@ -314,7 +319,7 @@ def trace_saved_bytes(shape: Shape, kernels: str = "gpu", checkpoint: bool = Fal
         out[part] += nbytes
     if checkpoint:  # backward recomputes one block at a time: what one block saves, copies included
         one = trace_saved_bytes(Shape(shape.d_model, 1, shape.n_head, shape.seq_len, shape.micro_batch,
-                                      shape.vocab_size), kernels)
+                                      shape.vocab_size), kernels, param_dtype=param_dtype)
         out["recomputed block"] = one["layers"] + one["weight copies"] - out["weight copies"]
     out["total"] = sum(out.values())
     return out
@@ -383,3 +388,290 @@ def _flash_attention(q, k, v, is_causal=False, **_):
             return out
 
     return FlashLike.apply(q, k, v)
+
+
+# ---- one description of a run: what train_gpu.py does, held and sent ------------------------------
+
+PRECISIONS = {
+    # DDP (and one process) in train_gpu.py: fp32 weights, gradients and AdamW; matmuls in bf16 under
+    # torch.autocast, which saves a bf16 copy of every weight for backward.
+    "autocast": "bf16 autocast over fp32 weights",
+    # FSDP2 in train_gpu.py: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), no autocast. The
+    # shards, their gradients and AdamW stay fp32; the all-gathers move bf16, the reduce-scatters fp32;
+    # forward and backward run on the gathered bf16 weights, so the residual stream is bf16 too.
+    "bf16": "FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)",
+    # the same two on a GPU without bf16 (train_gpu.py --precision fp16, with a GradScaler): the bytes are
+    # those of bf16, since fp16 is as wide.
+    "autocast-fp16": "fp16 autocast over fp32 weights, GradScaler",
+    "fp16": "FSDP2 MixedPrecisionPolicy(param_dtype=fp16, reduce_dtype=fp32), GradScaler",
+    # a CPU run (train_gpu.py --precision fp32, the CPU default): everything fp32.
+    "fp32": "fp32",
+}
+HALF = ("bf16", "fp16")  # FSDP's 16-bit param_dtype
+RUN_SCHEMES = ("ddp", "zero2", "zero3")  # what train_gpu.py runs: --shard ddp, fsdp --no-reshard-after-forward, fsdp
+RING = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}  # messages a ring sends: ×(G-1)/G each
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run as train_gpu.py performs it, on each of `gpus` devices.
+
+    scheme       ddp; zero2 (FSDP2 per block and the root, the blocks' weights kept gathered from forward
+                 to backward: --no-reshard-after-forward); zero3 (FSDP2, weights freed after forward and
+                 gathered again for backward)
+    precision    a key of PRECISIONS: autocast (DDP), bf16 (FSDP's param_dtype), fp32
+    accum        micro-batches per optimizer step
+    sync_every   FSDP: reduce-scatter the gradients after every micro-batch (torchtitan's choice: the
+                 gradients stay sharded) instead of holding the whole fp32 gradients until the last
+                 micro-batch and reduce-scattering once (set_requires_gradient_sync(False)). DDP always
+                 skips its all-reduce until the last micro-batch (no_sync): its gradients are whole anyway.
+    checkpoint   per-block activation checkpointing
+    bucket_view  DDP's gradient_as_bucket_view (train_gpu.py sets it): the gradients are views of the
+                 buckets; without it DDP keeps its buckets, a second copy of the gradients
+    root_reshard FSDP: the root module's reshard_after_forward. False: FSDP2's default for the root,
+                 which train_gpu.py's shard() keeps, since backward needs the root's weights (the tied
+                 head) first; True would gather the embedding again for backward
+    kernels      gpu (flash attention, full logits) or cpu (math attention, blocked loss)
+    """
+    shape: Shape | None
+    gpus: int = 1
+    scheme: str = "ddp"
+    precision: str = "autocast"
+    accum: int = 1
+    sync_every: bool = False
+    checkpoint: bool = False
+    bucket_view: bool = True
+    root_reshard: bool = False
+    kernels: str = "gpu"
+    n_params: int | None = None  # without a shape (the size alone): the model as one unit, no activations
+
+    def __post_init__(self):
+        if self.shape is None and self.n_params is None:
+            raise ValueError("a run needs its shape or its n_params")
+        if self.scheme not in RUN_SCHEMES:
+            raise ValueError(f"unknown scheme {self.scheme!r}; choose one of {', '.join(RUN_SCHEMES)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+        if self.gpus < 1 or self.accum < 1:
+            raise ValueError(f"gpus and accum must be at least 1, got {self.gpus} and {self.accum}")
+
+    @property
+    def sharded(self) -> bool:
+        return self.scheme != "ddp" and self.gpus > 1
+
+    @property
+    def root_reshards(self) -> bool:
+        return bool(self.root_reshard)
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes per number of the weights forward and backward read."""
+        return 2 if self.sharded and self.precision in HALF else 4
+
+    def describe(self) -> str:
+        if self.gpus == 1:
+            where = "1 process"
+        elif self.scheme == "ddp":
+            where = (f"DDP over {self.gpus} processes"
+                     + ("" if self.bucket_view else ", buckets beside the gradients"))
+        else:
+            where = (f"FSDP2 over {self.gpus} processes, "
+                     + ("ZeRO-3: weights freed after forward" if self.scheme == "zero3"
+                        else "ZeRO-2: weights kept from forward to backward")
+                     + (", root resharded" if self.root_reshards else ", root kept"))
+        prec = self.precision
+        if not self.sharded and prec in HALF:  # one process or DDP: the 16-bit dtype is autocast's
+            prec = {"bf16": "autocast", "fp16": "autocast-fp16"}[prec]
+        prec = PRECISIONS[prec]
+        grads = ""
+        if self.sharded and self.accum > 1:
+            grads = (", reduce-scatter every micro-batch" if self.sync_every
+                     else ", whole fp32 gradients held until the last micro-batch")
+        return (f"{where}; {prec}; accumulation {self.accum}{grads}"
+                f"{'; activation checkpointing' if self.checkpoint else ''}")
+
+
+def parameter_units(d_model: int, n_layer: int, vocab_size: int) -> dict:
+    """The parameters' shapes as FSDP2 groups them in train_gpu.py: one unit per block, then the root
+    (the embedding, tied with the output layer, and the final norm). {'root': [...], 'block': [...]}, the
+    block's list being that of each of the n_layer blocks. Their numbers add up to shapes.param_count."""
+    h, f, v = d_model, mlp_hidden(d_model), vocab_size
+    return {"root": [(v, h), (h,)],
+            "block": [(h,), (3 * h, h), (h, h), (h,), (f, h), (f, h), (h, f)]}
+
+
+def _numel(shape: tuple) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _padded_shard(shape: tuple, gpus: int) -> int:
+    """Numbers of one padded shard: FSDP2 splits dim 0 into gpus chunks of ceil(dim0 / gpus) rows."""
+    return -(-shape[0] // gpus) * _numel(shape[1:])
+
+
+def unit_numels(run: Run) -> dict:
+    """{'root', 'block'}: numbers in one unit, whole (unpadded) and as FSDP2 pads it for its collectives
+    (gpus × the padded shard); the local shard rank 0 holds ('shard')."""
+    s = run.shape
+    if s is None:  # the size alone: one unit treated as a block (resharded as blocks are), no padding
+        return {"root": {"whole": 0, "padded": 0, "shard": 0},
+                "block": {"whole": run.n_params, "padded": run.n_params, "shard": run.n_params / run.gpus}}
+    out = {}
+    for unit, shapes in parameter_units(s.d_model, s.n_layer, s.vocab_size).items():
+        out[unit] = {"whole": sum(_numel(p) for p in shapes),
+                     "padded": sum(run.gpus * _padded_shard(p, run.gpus) for p in shapes),
+                     "shard": sum(min(_padded_shard(p, run.gpus), _numel(p)) for p in shapes)}
+    return out
+
+
+def _layer_bf16(shape: Shape) -> int:
+    """One block's saved bytes when its weights are bf16 (FSDP's param_dtype, no autocast), the residual
+    stream bf16: each RMSNorm computes in fp32 and saves fp32 tensors as under autocast (8th + 4t: its
+    input made fp32 and the normalised input), its bf16 output is what qkv and gate/up read (2th + 2th:
+    gate and up read one tensor, so it is saved once); qkv's output 6th; q and k after RoPE and flash's
+    output 6th; the log-sum-exp 4ta; RoPE's fp32 tables cast to bf16 4s(h/a) (FSDP casts no buffers);
+    flash's seed and offset 24; SwiGLU 8tf. = 32th + 8tf + 8t + 4ta + 4s(h/a) + 24: autocast's 34th less
+    the one bf16 input copy that gate and up no longer make each. trace_saved_bytes(param_dtype=bf16)
+    equals it to the byte (torch's rms_norm as it runs there, decomposed; a GPU's fused kernel may
+    save less)."""
+    t, h, a, s = shape.tokens, shape.d_model, shape.n_head, shape.seq_len
+    return 32 * t * h + 8 * t * mlp_hidden(h) + 8 * t + 4 * t * a + 4 * s * (h // a) + 24
+
+
+def run_activation_bytes(run: Run) -> dict:
+    """What one micro-batch keeps for backward under this run, by part (as activation_bytes).
+
+    DDP and one process: activation_bytes (autocast's bf16 weight copies included). FSDP with
+    param_dtype bf16: the bf16 residual stream (_layer_bf16), and no weight copies: autograd saves the
+    gathered bf16 weights themselves, which FSDP frees after forward (zero3) or keeps ('gathered
+    weights' in run_held_bytes, counted there once)."""
+    s = run.shape
+    if not run.sharded or run.precision not in HALF or run.kernels != "gpu":
+        act = activation_bytes(s, run.kernels, run.checkpoint)
+        if run.sharded:  # fp32 FSDP: the saved weights are the gathered ones, not copies
+            act["weight copies"] = 0
+        return act
+    t, h = s.tokens, s.d_model
+    layer = _layer_bf16(s)
+    return {"layers": s.n_layer * (2 * t * h if run.checkpoint else layer),  # checkpoint keeps the bf16 input
+            "recomputed block": layer if run.checkpoint else 0,
+            "head": 8 * t + 8 * t * h + 4 * t + 2 * t * h + 8 * t + 4,  # as autocast's: the norm's output is bf16
+            "logits": logits_bytes(s, "gpu")["saved"],
+            "weight copies": 0}
+
+
+def run_state_bytes(run: Run, n_params: int | None = None) -> dict:
+    """Weights, gradients and optimizer state one process (rank 0) holds, in bytes, as its local tensors
+    count them: {'weights', 'grads', 'optimizer', 'buckets', 'whole grads'}.
+
+    DDP and one process: everything whole and fp32 (4 + 4 + 8 bytes per parameter), plus DDP's buckets
+    (4 more) unless gradient_as_bucket_view. FSDP: rank 0's fp32 shards of weights, gradients and AdamW's
+    moments; with accumulation and without sync_every, also the whole fp32 gradients (4 bytes per
+    parameter, not divided) from the first micro-batch's backward to the last one's reduce-scatter."""
+    u = unit_numels(run)
+    n_layer = _n_layer(run)
+    if n_params is None:
+        n_params = u["root"]["whole"] + n_layer * u["block"]["whole"]
+    if not run.sharded:
+        return {"weights": 4 * n_params, "grads": 4 * n_params, "optimizer": 8 * n_params,
+                "buckets": 0 if run.bucket_view or run.gpus == 1 else 4 * n_params, "whole grads": 0}
+    shard = u["root"]["shard"] + n_layer * u["block"]["shard"]
+    return {"weights": 4 * shard, "grads": 4 * shard, "optimizer": 8 * shard, "buckets": 0,
+            "whole grads": 4 * n_params if run.accum > 1 and not run.sync_every else 0}
+
+
+def gathered_bytes(run: Run) -> int:
+    """FSDP: bytes of gathered (unsharded) weights held at the end of forward, when the activations
+    peak: every block's under zero2, and the root's unless it reshards. (During backward one or two
+    blocks at a time are gathered again: transient, and smaller than zero2's whole model.)"""
+    if not run.sharded:
+        return 0
+    u = unit_numels(run)
+    held = (_n_layer(run) * u["block"]["whole"] if run.scheme == "zero2" else 0) + (
+        0 if run.root_reshards else u["root"]["whole"])
+    return run.param_bytes * held
+
+
+def run_messages(run: Run) -> dict:
+    """Bytes handed to each collective in one optimizer step, summed over its calls:
+    {collective: [calls, bytes]}, the message of an all-gather being its output (the gathered units,
+    padded) and of a reduce-scatter its input. The gradient norm's one-number all-reduce is not counted.
+
+    DDP: one all-reduce of the fp32 gradients (its buckets) on the last micro-batch.
+    FSDP, each micro-batch: forward gathers the root and every block; backward gathers again every
+    unit resharded after forward (the blocks under zero3, the root if root_reshard). Reduce-scatters of
+    every unit's gradients in reduce_dtype (fp32) on the last micro-batch, or on every one with
+    sync_every. All-gathers travel in param_dtype (bf16 or fp32)."""
+    out = {"all_gather": [0, 0], "reduce_scatter": [0, 0], "all_reduce": [0, 0]}
+    if run.gpus == 1:
+        return out
+    if not run.sharded:
+        n = run_state_bytes(run)["grads"]
+        out["all_reduce"] = [1, n]  # one message: the sum of its buckets
+        return out
+    u = unit_numels(run)
+    gathers = {"root": 1 + run.root_reshards, "block": 1 + (run.scheme == "zero3")}
+    count = {"root": 1, "block": _n_layer(run)}
+    for unit in ("root", "block"):
+        calls = count[unit] * gathers[unit] * run.accum
+        out["all_gather"][0] += calls
+        out["all_gather"][1] += calls * u[unit]["padded"] * run.param_bytes
+        scatters = count[unit] * (run.accum if run.sync_every else 1)
+        out["reduce_scatter"][0] += scatters
+        out["reduce_scatter"][1] += scatters * u[unit]["padded"] * 4
+    return out
+
+
+def run_sent_bytes(run: Run) -> dict:
+    """Bytes each process sends per optimizer step, by collective, with ring collectives: an all-gather
+    or a reduce-scatter of a message of B bytes sends (G-1)/G·B, an all-reduce twice that."""
+    g = run.gpus
+    return {k: RING[k] * (g - 1) * b / g for k, (_, b) in run_messages(run).items()}
+
+
+def _n_layer(run: Run) -> int:
+    return 1 if run.shape is None else run.shape.n_layer  # the size alone: one block-like unit
+
+
+def run_peak_bytes(run: Run, n_params: int | None = None) -> dict:
+    """Peak bytes per process by part, and their 'total': the state (run_state_bytes), the gathered
+    weights (gathered_bytes) and the activations at their peak (as step_bytes picks it). Without a
+    shape: the state and the gathered weights alone."""
+    out = {k: v for k, v in run_state_bytes(run, n_params).items()}
+    out["gathered weights"] = gathered_bytes(run)
+    if run.shape is None:
+        out["total"] = sum(out.values())
+        return out
+    act = run_activation_bytes(run)
+    act["logit temporaries"] = logits_bytes(run.shape, run.kernels)["temporary"]
+    forward_end = {**act, "recomputed block": 0}
+    recompute = {part: 0 for part in act}
+    if run.checkpoint:
+        recompute.update({"layers": act["layers"], "recomputed block": act["recomputed block"]})
+    out.update(max(forward_end, recompute, key=lambda parts: sum(parts.values())))
+    out["total"] = sum(out.values())
+    return out
+
+
+def textbook_sent_bytes(n_params: float, gpus: int, scheme: str, layout: str = "autocast",
+                        fp32_grads: bool = False, grad_accum: int = 1) -> float:
+    """The textbook's bytes per GPU per step (the ZeRO paper's accounting, ring collectives), for what
+    train_gpu.py does not run: ZeRO-1, and the mixed layout. Weights and gradients travel in the
+    layout's dtype. DDP: one all-reduce of the gradients. ZeRO-1: gradients reduce-scattered once, the
+    updated weights all-gathered. ZeRO-2: a reduce-scatter after every micro-batch, the weights
+    gathered once. ZeRO-3: the weights gathered for forward and for backward and the gradients
+    reduce-scattered, every micro-batch: 1.5× DDP when weights and gradients have one dtype and
+    grad_accum is 1. (train_gpu.py's FSDP: Run and run_sent_bytes.)"""
+    if gpus == 1:
+        return 0.0
+    per = bytes_per_param(layout, fp32_grads)
+    weights, grads = n_params * per["weights"], n_params * per["grads"]
+    half = (gpus - 1) / gpus  # a reduce-scatter or an all-gather: (N-1)/N of a message
+    sent = {"ddp": 2 * half * grads,
+            "zero1": half * (grads + weights),
+            "zero2": half * (grad_accum * grads + weights),
+            "zero3": half * grad_accum * (2 * weights + grads)}
+    return sent[scheme]

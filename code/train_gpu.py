@@ -26,14 +26,19 @@ FSDP2 (fully_shard) per block, then the root, which holds the tied embedding/hea
 weights, gradients and optimizer state are shards. --reshard-after-forward (default) is ZeRO-3: weights
 freed after forward and gathered again for backward; --no-reshard-after-forward keeps them from forward
 to backward, one all-gather less per micro-batch for one whole copy of the weights (ZeRO-2 in the
-ledger). Under accumulation the reduce-scatter waits for the step's last micro-batch, so the gradients
-are whole until then. The sharded model is built on the meta device, sharded, then initialised one
-parameter at a time (model.init_per_parameter), equal to the same seed's unsharded model. ZeRO-1 is not
-implemented; with one process --shard fsdp trains the plain model.
+ledger). The root keeps FSDP2's default: not resharded after forward, since backward starts with its
+tied head. Under accumulation --grad-sync last (default) makes the reduce-scatter wait for the step's
+last micro-batch, so each process holds the whole fp32 gradients until then (4 bytes per parameter) and
+sends them once; --grad-sync every reduce-scatters after each micro-batch and holds only shards. The
+sharded model is built on the meta device, sharded, then initialised one parameter at a time
+(model.init_per_parameter), equal to the same seed's unsharded model. ZeRO-1 is not implemented; with
+one process --shard fsdp trains the plain model.
 
 Precision (--precision auto): bf16 where the GPU has it, else fp16 with a GradScaler (an overflowed step is
 skipped and counted, the overflow flag all-reduced under FSDP, the scaler's state saved with a
-checkpoint); fp32 on a CPU. DDP: autocast over fp32 weights; FSDP: MixedPrecisionPolicy (reduce fp32).
+checkpoint); fp32 on a CPU. DDP: autocast over fp32 weights, gradient_as_bucket_view (no second copy of
+the gradients in DDP's buckets); FSDP: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) and no
+autocast: the all-gathers move bf16, the reduce-scatters fp32, the shards and AdamW stay fp32.
 On CUDA also TF32, torch.compile (per block under FSDP), fused AdamW, pinned memory. MFU is against the
 dense peak of the GPU looked up by name and SM count (code/gpus.py); a run's first WARMUP_UNTIMED steps
 (compilation) are not timed. --checkpoint-activations recomputes each block in backward. The log prints
@@ -85,7 +90,7 @@ import preflight  # noqa: E402
 from arguments import fraction, non_negative, non_negative_int, positive, positive_int, refuse  # noqa: E402
 from checkpoint import CKPT_DIR, EXPORT_NAME, complete_checkpoints, load_checkpoint, read_train_state, step_dir  # noqa: E402,E501
 from device import peak_flops, resolve_precision, setup_device  # noqa: E402
-from memory import SCHEME_NAMES, Shape, state_bytes, step_bytes  # noqa: E402
+from memory import Run, Shape, run_peak_bytes, run_sent_bytes, run_state_bytes  # noqa: E402
 from model import GPT, GPTConfig, init_per_parameter  # noqa: E402
 from run_log import LOG_NAME, RECORD_NAME, RunLog  # noqa: E402
 from script_support import (  # noqa: E402
@@ -132,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
       help="with --shard fsdp: free the gathered weights after forward (ZeRO-3, default) or keep them "
            "until backward (--no-...: one all-gather less per micro-batch, more memory; ZeRO-2 in the ledger)")
+    a("--grad-sync", choices=("last", "every"), default="last",
+      help="with --shard fsdp and accumulation: last (default) holds the whole fp32 gradients until the step's "
+           "last micro-batch and reduce-scatters once; every reduce-scatters after each micro-batch, as "
+           "torchtitan does: the gradients stay shards, for (accumulation - 1) more reduce-scatters per step. "
+           "code/budget.py prints every where the whole gradients do not fit")
     a("--steps", type=positive_int, default=2000)
     a("--lr", type=positive, default=1e-3)
     a("--warmup", type=non_negative_int, default=100)
@@ -226,7 +236,7 @@ def run(args, device, rank: int, world: int, accum: int, precision: str, data: "
     stop = StopFlag()  # from now on SIGTERM/SIGUSR1 stop the run at a step boundary, with a checkpoint
     t = setup(args, device, rank, world, accum, precision, data)
     if args.preflight:  # measure the box, train nothing
-        preflight.run(t, ledger_mib(args, t.raw.num_params(), world, t.ledger_scheme, accum if t.sharded else 1),
+        preflight.run(t, ledger_mib(planned_run(args, world, accum, precision), t.raw.num_params()),
                       print if rank == 0 else lambda *a: None)
         return 0
     start = 0 if resume is None else load_checkpoint(t, *resume)
@@ -237,7 +247,7 @@ def run(args, device, rank: int, world: int, accum: int, precision: str, data: "
         for name, (old, new) in changed_settings(args, resume[1]).items():
             log(f"resume: --{name.replace('_', '-')} is {new}, the checkpoint was trained with {old}")
     n_params = t.raw.num_params()
-    ledger = ledger_mib(args, n_params, world, t.ledger_scheme, accum if t.sharded else 1)
+    ledger = ledger_mib(planned_run(args, world, accum, precision), n_params)
     describe_run(t, data, log, ledger)
     peak, _ = peak_flops(device, args.peak_tflops)
     flops_tok = flops_per_token(t.raw.cfg, n_params)
@@ -355,12 +365,6 @@ class Trainer:
     compiled: bool
     skipped: int = 0  # fp16 steps skipped for an overflow
 
-    @property
-    def ledger_scheme(self) -> str:
-        if not self.sharded:
-            return "ddp"
-        return "zero3" if self.args.reshard_after_forward else "zero2"
-
 
 def shard(model: GPT, args, device, precision: str) -> None:
     """FSDP2 per block, then the root (the tied embedding/head and the final norm)."""
@@ -371,7 +375,7 @@ def shard(model: GPT, args, device, precision: str) -> None:
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=args.reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=args.reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=mp)  # FSDP2's root default: kept for backward's first use
 
 
 def setup(args, device, rank: int, world: int, accum: int, precision: str, data: TokenSource) -> Trainer:
@@ -399,7 +403,7 @@ def setup(args, device, rank: int, world: int, accum: int, precision: str, data:
         model = eval_model = torch.compile(raw) if use_compile else raw
         if world > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
-            model = DDP(model, device_ids=[device.index] if cuda else None)
+            model = DDP(model, device_ids=[device.index] if cuda else None, gradient_as_bucket_view=True)
     opt = configure_optimizer(raw, args.lr, args.weight_decay, fused=True if cuda else None)
     # fp16: scale the loss so small gradients do not underflow; a step with an inf gradient is skipped
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
@@ -415,6 +419,8 @@ def no_sync(t: Trainer):
     """The context that skips the gradient reduction of a micro-batch that is not the step's last."""
     if t.world == 1:
         return None
+    if t.sharded and t.args.grad_sync == "every":
+        return None  # every backward reduce-scatters: the gradients stay shards
     if t.sharded:
         @contextlib.contextmanager
         def fsdp_no_sync():  # gradients stay whole and accumulate; the last backward reduce-scatters
@@ -542,40 +548,37 @@ def autocast(t: Trainer):
 
 def describe_run(t: Trainer, data: TokenSource, log: RunLog, ledger: float) -> None:
     args, n = t.args, t.raw.num_params()
-    zero = ('ZeRO-3: weights freed after forward' if args.reshard_after_forward
-            else 'ZeRO-2: weights kept from forward to backward')
-    scheme = (f"FSDP2 over {t.world} processes, {zero}"
-              if t.sharded else f"DDP over {t.world} processes" if t.world > 1 else "1 process")
-    precision = {"bf16": "bf16", "fp16": "fp16 + GradScaler", "fp32": "fp32"}[t.precision]
-    if t.precision != "fp32":
-        precision += " MixedPrecisionPolicy (reduce fp32)" if t.sharded else " autocast"
-        precision += ", fp32 master weights"
-    log(f"model {n:,} parameters | {scheme} on {t.device.type} | micro-batch {args.micro_batch} × seq "
+    run = planned_run(args, t.world, t.accum, t.precision)
+    log(f"model {n:,} parameters | {run.describe()} | on {t.device.type} | micro-batch {args.micro_batch} × seq "
         f"{args.seq_len} × {t.world} × accumulation {t.accum} = {args.global_batch_tokens:,} tokens per step")
     log(f"data: {data.name}, {len(data):,} tokens; each step reads {args.global_batch_tokens / len(data):.3g} "
-        f"of it | tokenizer: {data.tokenizer_name} | precision: {precision} | compile: {t.compiled}"
-        f" | activation checkpointing: {'on' if args.checkpoint_activations else 'off'} | "
+        f"of it | tokenizer: {data.tokenizer_name} | compile: {t.compiled} | "
         f"{peak_flops(t.device, args.peak_tflops)[1]}")
-    log(f"memory ledger (code/memory.py), {SCHEME_NAMES[t.ledger_scheme]} on a GPU (bf16 autocast, flash "
-        f"attention, eager): {ledger:,.0f} MiB per device, of which weights, gradients and optimizer state "
-        f"{ledger_state_mib(t):,.2f} MiB")
+    sent = run_sent_bytes(run)
+    log(f"memory ledger (code/memory.py) for this run on a GPU (flash attention, eager autograd): {ledger:,.0f} MiB "
+        f"per device, of which weights, gradients and optimizer state {ledger_state_mib(t):,.2f} MiB | sent per "
+        f"device per step: " + ", ".join(f"{k.replace('_', '-')} {v / 2**20:,.2f} MiB" for k, v in sent.items() if v)
+        + ("" if any(sent.values()) else "nothing"))
 
 
-def ledger_mib(args, n_params: int, world: int, scheme: str = "ddp", accum: int = 1) -> float:
-    """The memory ledger's peak per GPU for this run, in MiB: eager autograd, bf16 autocast over fp32
-    weights, the scheme's sharding of the state, the GPU kernels, checkpointing as asked. Sharded with
-    accumulation, the gradients are whole until the last micro-batch (see no_sync): that is added."""
+def planned_run(args, world: int, accum: int, precision: str) -> Run:
+    """This run as code/memory.py describes it: what the ledger, the budget and the start line count."""
+    sharded = args.shard == "fsdp" and world > 1
+    scheme = "ddp" if not sharded else "zero3" if args.reshard_after_forward else "zero2"
     shape = Shape(args.d_model, args.n_layer, args.n_head, args.seq_len, args.micro_batch, args.vocab_size)
-    parts = step_bytes(shape, n_params, gpus=world, scheme=scheme, layout="autocast",
-                       checkpoint=args.checkpoint_activations, kernels="gpu")
-    whole_grads = state_bytes(n_params, 1, "ddp")["grads"]
-    extra = whole_grads - parts["grads"] if scheme != "ddp" and accum > 1 else 0
-    return (parts["total"] + extra) / 2**20
+    return Run(shape, gpus=world, scheme=scheme, precision=precision, accum=accum,
+               sync_every=args.grad_sync == "every", checkpoint=args.checkpoint_activations)
+
+
+def ledger_mib(run: Run, n_params: int) -> float:
+    """The memory ledger's peak per GPU for this run, in MiB (memory.run_peak_bytes: GPU kernels)."""
+    return run_peak_bytes(run, n_params)["total"] / 2**20
 
 
 def ledger_state_mib(t: Trainer) -> float:
     """What the ledger says one process holds of weights, gradients and optimizer state (fp32 here)."""
-    return sum(state_bytes(t.raw.num_params(), t.world, t.ledger_scheme).values()) / 2**20
+    state = run_state_bytes(planned_run(t.args, t.world, t.accum, t.precision), t.raw.num_params())
+    return sum(state[k] for k in ("weights", "grads", "optimizer")) / 2**20
 
 
 def held_bytes(t: Trainer) -> dict:

@@ -58,7 +58,10 @@ def test_corrected_rows_come_from_the_ledger(row):
     assert r["n_params"] == param_count(sc.d_model, sc.n_layer, 50257)
     assert r["flops"] == (6 * r["n_params"] + 12 * sc.n_layer * sc.seq_len * sc.d_model) * r["tokens"]
     assert 0.10 < r["attention_share"] < 0.20  # not negligible
+    # DDP as train_gpu.py runs it (gradients as views of its buckets): the textbook's step
     assert r["total_ddp"] == memory.step_bytes(shape, r["n_params"], sc.gpus, "ddp")["total"]
+    run = memory.Run(shape, gpus=sc.gpus, scheme="zero3", precision="bf16")
+    assert r["parts_fsdp"] == memory.run_peak_bytes(run, r["n_params"])
     # the logits the rule leaves out: at GPT-2 124M they are about as large as all other activations
     if row == 0:
         assert 0.8 < r["logits"] / r["activations"] < 1.5
@@ -90,7 +93,7 @@ def test_reader_case_on_the_command_line():
     ddp = next(line for line in out.splitlines() if line.strip().startswith("DDP"))
     m = est["memory"]["ddp"]
     assert ddp.split()[1:5] == [f"{x / 1e9:.2f}" for x in (m["state"], m["activations"], m["logits"], m["total"])]
-    assert m["state"] == 16e9 and "yes" in ddp and "verdict     fits under DDP" in out
+    assert m["state"] == 16e9 and "yes" in ddp and "verdict     fits under DDP" in out  # gradients as bucket views
 
 
 def test_seven_b_on_eight_gpus_needs_sharding():
@@ -154,13 +157,42 @@ def test_ring_collectives_send_what_the_ring_model_says():
     assert budget.comm_bytes_per_step(n, 1, "ddp") == 0  # one GPU talks to no one
     assert budget.comm_bytes_per_step(n, g, "ddp") == pytest.approx(2 * share * 4 * n)  # fp32 gradients
     assert budget.comm_bytes_per_step(n, g, "ddp", "mixed") == pytest.approx(2 * share * 2 * n)  # bf16 gradients
-    # ZeRO-1/2 with one micro-batch: reduce-scatter + all-gather = one all-reduce's volume
-    for scheme in ("zero1", "zero2"):
-        assert budget.comm_bytes_per_step(n, g, scheme) == pytest.approx(budget.comm_bytes_per_step(n, g, "ddp"))
-    # accumulation: DDP and ZeRO-1 still once per step; ZeRO-2/3 per micro-batch
+    # the textbook (ZeRO-1, and ZeRO-2 with one micro-batch): reduce-scatter + all-gather = one all-reduce
+    assert budget.comm_bytes_per_step(n, g, "zero1") == pytest.approx(budget.comm_bytes_per_step(n, g, "ddp"))
+    assert memory.textbook_sent_bytes(n, g, "zero2") == pytest.approx(budget.comm_bytes_per_step(n, g, "ddp"))
+    assert memory.textbook_sent_bytes(n, g, "zero3") == pytest.approx(1.5 * budget.comm_bytes_per_step(n, g, "ddp"))
+    # train_gpu.py's FSDP: bf16 all-gathers (ZeRO-3 two per micro-batch, ZeRO-2 one), fp32 reduce-scatter once
+    assert budget.comm_bytes_per_step(n, g, "zero3") == pytest.approx(share * (2 * 2 * n + 4 * n))
+    assert budget.comm_bytes_per_step(n, g, "zero3") == pytest.approx(budget.comm_bytes_per_step(n, g, "ddp"))
+    assert budget.comm_bytes_per_step(n, g, "zero2") == pytest.approx(share * (2 * n + 4 * n))
+    # accumulation: DDP once per step; FSDP gathers every micro-batch, reduce-scatters once or every time
     assert budget.comm_bytes_per_step(n, g, "ddp", grad_accum=4) == budget.comm_bytes_per_step(n, g, "ddp")
-    assert budget.comm_bytes_per_step(n, g, "zero2", grad_accum=4) == pytest.approx(share * (4 * 4 * n + 4 * n))
-    assert budget.comm_bytes_per_step(n, g, "zero3", grad_accum=4) == pytest.approx(share * 4 * (2 * 4 * n + 4 * n))
+    assert budget.comm_bytes_per_step(n, g, "zero2", grad_accum=4) == pytest.approx(share * (4 * 2 * n + 4 * n))
+    assert budget.comm_bytes_per_step(n, g, "zero3", grad_accum=4) == pytest.approx(share * (4 * 4 * n + 4 * n))
+    assert budget.comm_bytes_per_step(n, g, "zero3", grad_accum=4, sync_every=True) == pytest.approx(
+        share * 4 * (4 * n + 4 * n))
+
+
+def test_the_seven_b_plan_holds_and_sends_what_the_description_says():
+    """The issue's worked example: 7B shape on 64 H100s, micro-batch 1, 8 micro-batches, checkpointing."""
+    argv = ["--d-model", "4096", "--n-layer", "32", "--vocab-size", "50257", "--seq-len", "4096", "--gpus", "64",
+            "--micro-batch", "1", "--grad-accum", "8", "--checkpoint-activations"]
+    est = budget.plan(argv)["est"]
+    n = est["n_params"]
+    shape = memory.Shape(4096, 32, 64, 4096, 1, 50257)
+    for scheme in ("zero2", "zero3"):
+        run = memory.Run(shape, gpus=64, scheme=scheme, precision="bf16", accum=8, checkpoint=True)
+        m = est["memory"][scheme]
+        assert not m["sync_every"]  # holding the whole fp32 gradients fits: auto holds them
+        assert m["total"] == memory.run_peak_bytes(run, n)["total"]
+        assert m["comm_bytes"] == sum(memory.run_sent_bytes(run).values())
+        assert m["parts"]["whole grads"] == 4 * n
+    root = memory.unit_numels(run)["root"]["whole"]  # the tied embedding/head and the final norm
+    assert m["parts"]["gathered weights"] == 2 * root  # ZeRO-3: only the root (FSDP2 keeps it for backward)
+    assert est["memory"]["zero2"]["parts"]["gathered weights"] == 2 * n  # all bf16, root too
+    held = budget.plan([*argv, "--memory-gb", "40"])["est"]["memory"]
+    assert held["zero2"]["sync_every"] and not held["zero3"]["sync_every"]  # auto: ZeRO-2's whole gradients
+    assert held["zero2"]["comm_bytes"] > est["memory"]["zero2"]["comm_bytes"]  # do not fit 40 GB: sent more
 
 
 def test_a_ring_that_leaves_the_machine_runs_at_the_network_port():
@@ -225,7 +257,8 @@ def test_numbers_beyond_a_float_are_one_sentence(args):
 
 def test_page_shows_the_model_state_when_only_the_size_is_given():
     out = budget.page(["--params", "1e9", "--gpus", "8"])
-    assert out["memory"]["DDP"] == pytest.approx({"weights": 4.0, "grads": 4.0, "optimizer": 8.0})
+    assert out["memory"]["DDP"] == pytest.approx({"weights": 4.0, "grads": 4.0, "optimizer": 8.0, "buckets": 0.0,
+                                                  "whole grads": 0.0, "gathered weights": 0.0})
     assert sum(out["memory"]["ZeRO-3/FSDP"].values()) == pytest.approx(16 / 8)
 
 
@@ -242,8 +275,11 @@ def test_the_plan_prints_the_train_gpu_command_of_the_scheme_that_fits():
         "torchrun --standalone --nproc-per-node=8 code/train_gpu.py --d-model 768 --n-layer 12 --n-head 12 "
         "--vocab-size 8192 --seq-len 1024 --micro-batch 8 --global-batch-tokens 262144 --steps 6962 --shard ddp")
     line, _ = _command("--d-model", "5120", "--n-layer", "40", "--gpus", "64", "--seq-len", "4096",
-                       "--micro-batch", "1", "--gpu", "A100-40GB", "--checkpoint-activations")
+                       "--micro-batch", "1", "--gpu", "RTX4090", "--checkpoint-activations")
     assert "--nnodes=8 --nproc-per-node=8" in line and line.endswith("--shard fsdp --checkpoint-activations")
+    line, _ = _command("--d-model", "5120", "--n-layer", "40", "--gpus", "64", "--seq-len", "4096",
+                       "--micro-batch", "1", "--gpu", "A100-40GB", "--checkpoint-activations")
+    assert line.endswith("--shard fsdp --no-reshard-after-forward --checkpoint-activations")  # bf16 gathered: fits
     _, text = _command("--d-model", "4096", "--n-layer", "32", "--gpus", "64", "--seq-len", "4096",
                        "--micro-batch", "2", "--gpu", "A100-40GB")
     assert "command     none: no scheme fits (see the verdict)" in text
@@ -261,7 +297,7 @@ def test_zero1_is_named_with_the_closest_flag_and_its_cost():
     est = budget.plan(["--d-model", "4096", "--n-layer", "32", "--gpus", "64", "--seq-len", "4096", "--micro-batch",
                        "2", "--checkpoint-activations", "--grad-accum", "4"])["est"]["memory"]
     assert f"sends {(est['zero2']['comm_bytes'] - est['zero1']['comm_bytes']) / 1e9:.2f} GB more" in note
-    assert line.endswith("--shard fsdp --no-reshard-after-forward --checkpoint-activations")
+    assert line.endswith("--shard fsdp --no-reshard-after-forward --checkpoint-activations --grad-sync last")
 
 
 def test_the_printed_command_runs_scaled_down_on_two_cpu_processes(tmp_path):
@@ -293,8 +329,8 @@ def test_the_printed_command_runs_scaled_down_on_two_cpu_processes(tmp_path):
             p.wait()
     print(out)
     assert p.returncode == 0, out + err
-    assert "FSDP2 over 2 processes, ZeRO-2" in out and "activation checkpointing: on" in out
-    assert "memory ledger (code/memory.py), ZeRO-2 on a GPU" in out and "step     2/2" in out
+    assert "FSDP2 over 2 processes, ZeRO-2" in out and "; activation checkpointing" in out
+    assert "memory ledger (code/memory.py) for this run on a GPU" in out and "step     2/2" in out
 
 
 @pytest.mark.parametrize("flags, name, state_bytes", [

@@ -157,3 +157,58 @@ def test_shape_rejects_nonsense(bad):
     args = dict(d_model=64, n_layer=2, n_head=2, seq_len=16, micro_batch=1) | bad
     with pytest.raises(ValueError):
         Shape(**args)
+
+
+# ---- one description of a run (memory.Run) ------------------------------------------------------------
+
+TINY = memory.Shape(32, 2, 2, 32, 2, 8192)  # code/run_witness.py's shape: 282,784 parameters
+
+
+@pytest.mark.parametrize("shape", [memory.Shape(128, 4, 4, 128, 16, 8192), memory.Shape(4096, 2, 32, 4096, 1, 50257)])
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_fsdp_bf16_activations_equal_the_trace_to_the_byte(shape, checkpoint):
+    import torch
+    traced = memory.trace_saved_bytes(shape, checkpoint=checkpoint, param_dtype=torch.bfloat16)
+    run = memory.Run(shape, gpus=2, scheme="zero3", precision="bf16", checkpoint=checkpoint)
+    formula = memory.run_activation_bytes(run)
+    assert traced == {**formula, "total": sum(formula.values())}
+
+
+def test_the_run_description_of_the_tiny_witness_run_to_the_byte():
+    """The numbers code/run_witness.py counted on 2 gloo processes (tests/test_run_witness.py recounts them)."""
+    n = 282_784
+    ddp = memory.Run(TINY, gpus=2, scheme="ddp", precision="fp32", kernels="cpu")
+    assert memory.run_messages(ddp)["all_reduce"] == [1, 4 * n]
+    assert memory.run_state_bytes(ddp)["buckets"] == 0  # train_gpu.py: gradient_as_bucket_view
+    assert memory.run_state_bytes(memory.Run(TINY, gpus=2, precision="fp32", bucket_view=False))["buckets"] == 4 * n
+    z3 = memory.Run(TINY, gpus=2, scheme="zero3", precision="bf16", accum=4, kernels="cpu")
+    # per micro-batch: the root (262,176 numbers, kept for backward) once, each block (10,304) twice, in bf16
+    assert memory.run_messages(z3) == {"all_gather": [20, 2_427_136], "reduce_scatter": [3, 1_131_136],
+                                       "all_reduce": [0, 0]}
+    assert memory.run_state_bytes(z3) == {"weights": 565_568, "grads": 565_568, "optimizer": 1_131_136,
+                                          "buckets": 0, "whole grads": 4 * n}
+    every = memory.Run(TINY, gpus=2, scheme="zero3", precision="bf16", accum=4, sync_every=True, kernels="cpu")
+    assert memory.run_messages(every)["reduce_scatter"] == [12, 4_524_544]
+    assert memory.run_state_bytes(every)["whole grads"] == 0
+    z2 = memory.Run(TINY, gpus=2, scheme="zero2", precision="fp32", kernels="cpu")
+    assert memory.run_messages(z2)["all_gather"] == [3, 1_131_136] and memory.gathered_bytes(z2) == 4 * n
+
+
+def test_fsdp_pads_each_parameter_to_a_multiple_of_the_gpus():
+    shape = memory.Shape(48, 1, 2, 16, 1, 1001)  # 1001 rows of the embedding over 4: 251 rows a shard
+    run = memory.Run(shape, gpus=4, scheme="zero3", precision="bf16")
+    u = memory.unit_numels(run)
+    assert u["root"]["whole"] == 1001 * 48 + 48 and u["root"]["padded"] == 1004 * 48 + 48
+    assert u["root"]["shard"] == 251 * 48 + 12
+    assert memory.run_state_bytes(run)["weights"] == 4 * (u["root"]["shard"] + u["block"]["shard"])
+
+
+def test_fsdp_with_bf16_gathers_sends_what_ddp_sends_without_accumulation():
+    """The book's FSDP policy: a block's bf16 weights are gathered twice (forward and backward) and its fp32
+    gradients reduce-scattered once: (G-1)/G·(2+2+4) = DDP's 2(G-1)/G·4 bytes per parameter. The root,
+    kept for backward, is gathered once: 2 bytes less per parameter. The textbook's 1.5× assumes one dtype."""
+    shape = memory.Shape(4096, 32, 32, 4096, 1, 50256)  # 50256: divisible by 8, so no padding
+    ddp = memory.Run(shape, gpus=8, scheme="ddp")
+    z3 = memory.Run(shape, gpus=8, scheme="zero3", precision="bf16")
+    root = memory.unit_numels(z3)["root"]["whole"]
+    assert sum(memory.run_sent_bytes(z3).values()) == sum(memory.run_sent_bytes(ddp).values()) - 7 / 8 * 2 * root

@@ -1,0 +1,203 @@
+"""Witness the memory ledger's description of a run (memory.Run) on train_gpu.py's own step, on the CPU.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 code/run_witness.py --out witness.json
+
+For each combination below it builds the trainer exactly as train_gpu.py does (its setup), runs one
+optimizer step (its train_step and optimizer_step) of a tiny model on gloo, and counts, without
+editing the script:
+  sent    every message FSDP2 hands to torch.distributed (all_gather_single, reduce_scatter_single) and
+          every bucket DDP all-reduces (through a counting comm hook), in bytes and calls;
+  held    rank 0's local tensors: weights, gradients (before the optimizer step), AdamW's moments (after
+          it), DDP's buckets when they are not views of the gradients, FSDP's whole gradients held
+          between micro-batches (at the start of each forward after the first), and the gathered
+          weights still held at the end of each forward.
+Rank 0 writes {"world", "runs": [{"combo": {...}, "sent": {...}, "held": {...}}]}; memory.Run with the
+same settings must give the same numbers (tests/test_run_witness.py compares them to the byte).
+
+sync_every is the script's own flag (--grad-sync every). bucket_view is not a flag: train_gpu.py always
+sets DDP's gradient_as_bucket_view=True; the witness turns it off from outside, for the one combination
+that shows what the second copy of the gradients would cost.
+"""
+import contextlib
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import train_gpu  # noqa: E402
+from script_support import Parser, fail, output_problem, process_group, write_json  # noqa: E402
+
+TINY = {"d_model": 32, "n_layer": 2, "n_head": 2, "seq_len": 32, "micro_batch": 2, "vocab_size": 8192}
+# (scheme, precision, accum, sync_every, checkpoint, bucket_view)
+COMBOS = (
+    ("ddp", "fp32", 1, False, False, True),
+    ("ddp", "fp32", 4, False, True, True),
+    ("ddp", "bf16", 4, False, False, False),
+    ("zero3", "fp32", 1, False, False, False),
+    ("zero3", "fp32", 4, False, False, False),
+    ("zero3", "bf16", 4, False, False, False),
+    ("zero3", "bf16", 4, True, False, False),
+    ("zero3", "bf16", 4, True, True, False),
+    ("zero2", "bf16", 4, False, True, False),
+    ("zero2", "fp32", 1, False, True, False),
+    ("zero2", "bf16", 4, True, False, False),
+)
+COMBO_KEYS = ("scheme", "precision", "accum", "sync_every", "checkpoint", "bucket_view")
+
+
+class Counter:
+    """Live counts of one step: {collective: [calls, bytes]} and rank 0's held bytes."""
+
+    def __init__(self):
+        self.on = False
+        self.sent = {}
+        self.held = {}
+
+    def reset(self):
+        self.sent = {"all_gather": [0, 0], "reduce_scatter": [0, 0], "all_reduce": [0, 0]}
+        self.held = {"whole grads": 0, "gathered weights": 0, "buckets": 0}
+
+    def add(self, name, nbytes):
+        if self.on:
+            self.sent[name][0] += 1
+            self.sent[name][1] += nbytes
+
+
+COUNT = Counter()
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+def patch_collectives() -> None:
+    """Count FSDP2's two collectives (it calls them through torch.distributed at run time)."""
+    gather, scatter = dist.all_gather_single, dist.reduce_scatter_single
+
+    def all_gather_single(output, input, *args, **kwargs):
+        COUNT.add("all_gather", _nbytes(output))
+        return gather(output, input, *args, **kwargs)
+
+    def reduce_scatter_single(output, input, *args, **kwargs):
+        COUNT.add("reduce_scatter", _nbytes(input))
+        return scatter(output, input, *args, **kwargs)
+
+    dist.all_gather_single, dist.reduce_scatter_single = all_gather_single, reduce_scatter_single
+
+
+def counting_ddp(bucket_view: bool):
+    """DistributedDataParallel as train_gpu.setup builds it, with a comm hook that counts each bucket,
+    and gradient_as_bucket_view as the combination asks."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    class Counted(DistributedDataParallel):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "gradient_as_bucket_view": bucket_view})
+            self.register_comm_hook(None, self._hook)
+
+        def _hook(self, state, bucket):
+            buf = bucket.buffer()
+            COUNT.add("all_reduce", _nbytes(buf))
+            if COUNT.on and not bucket_view:
+                COUNT.held["buckets"] += _nbytes(buf)
+            fut = dist.all_reduce(buf.div_(dist.get_world_size()), async_op=True).get_future()
+            return fut.then(lambda f: f.value()[0])
+
+    return Counted
+
+
+def fsdp_params(model):
+    for m in model.modules():
+        state = getattr(m, "_get_fsdp_state", None)
+        group = state()._fsdp_param_group if state else None
+        if group is not None:
+            yield from group.fsdp_params
+
+
+def watch_fsdp(model) -> None:
+    """Hooks on the root: whole gradients at each forward's start, gathered weights at its end."""
+    def whole_grads(module, args):
+        if COUNT.on:
+            held = 0
+            for fp in fsdp_params(model):
+                acc = getattr(fp, "unsharded_accumulated_grad", None)
+                if acc is None:
+                    acc = getattr(fp._unsharded_param, "grad", None) if hasattr(fp, "_unsharded_param") else None
+                held += 0 if acc is None else _nbytes(acc)
+            COUNT.held["whole grads"] = max(COUNT.held["whole grads"], held)
+
+    def gathered(module, args, output):
+        if COUNT.on:
+            held = 0
+            for fp in fsdp_params(model):
+                p = getattr(fp, "_unsharded_param", None)
+                if p is not None and p.untyped_storage().size() > 0:
+                    held += _nbytes(p)
+            COUNT.held["gathered weights"] = max(COUNT.held["gathered weights"], held)
+
+    model.register_forward_pre_hook(whole_grads)
+    model.register_forward_hook(gathered)
+
+
+def one_run(combo: tuple, world: int, rank: int, out_dir: str) -> dict:
+    scheme, precision, accum, sync_every, checkpoint, bucket_view = combo
+    tokens = accum * TINY["micro_batch"] * TINY["seq_len"] * world
+    argv = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()] + [
+        f"--global-batch-tokens={tokens}", "--device=cpu", f"--out={out_dir}", f"--precision={precision}",
+        "--no-compile", "--steps=1"]
+    argv += ["--shard=ddp"] if scheme == "ddp" else ["--shard=fsdp"] + (
+        ["--no-reshard-after-forward"] if scheme == "zero2" else [])
+    if checkpoint:
+        argv.append("--checkpoint-activations")
+    if sync_every:
+        argv.append("--grad-sync=every")
+    args = train_gpu.build_parser().parse_args(argv)
+    acc = train_gpu.check_args(args, world)
+    assert acc == accum, (acc, accum)
+    device = torch.device("cpu")
+    data = train_gpu.TokenSource(args.data, args.vocab_size, args.seq_len, args.tokenizer, rank, world)
+    ddp = torch.nn.parallel.DistributedDataParallel
+    torch.nn.parallel.DistributedDataParallel = counting_ddp(bucket_view)
+    try:
+        t = train_gpu.setup(args, device, rank, world, accum, train_gpu.resolve_precision(precision, device), data)
+    finally:
+        torch.nn.parallel.DistributedDataParallel = ddp
+    if t.sharded:
+        watch_fsdp(t.raw)
+    COUNT.reset()
+    COUNT.on = True
+    try:
+        train_gpu.train_step(t, 0)
+    finally:
+        COUNT.on = False
+    held = train_gpu.held_bytes(t)
+    train_gpu.optimizer_step(t)
+    held["optimizer"] = train_gpu.held_bytes(t)["optimizer"]
+    held.update(COUNT.held)
+    return {"combo": dict(zip(COMBO_KEYS, combo)), "sent": COUNT.sent, "held": held,
+            "n_params": t.raw.num_params()}
+
+
+def main(argv=None):
+    p = Parser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="JSON file rank 0 writes")
+    args = p.parse_args(argv)
+    problem = output_problem(args.out)
+    if problem:
+        fail(f"--out: {problem}")
+    with process_group("gloo") as ranks:
+        if ranks.world < 2:
+            fail("the witness needs two or more processes: start it with "
+                 "python -m torch.distributed.run --standalone --nproc-per-node 2 code/run_witness.py --out FILE")
+        patch_collectives()
+        out_dir = str(Path(args.out).with_suffix(".runs"))
+        runs = [one_run(c, ranks.world, ranks.rank, out_dir) for c in COMBOS]
+        if ranks.rank == 0:
+            write_json(args.out, {"world": ranks.world, "tiny": TINY, "runs": runs})
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        main()
