@@ -468,26 +468,31 @@ class Run:
         """Bytes per number of the weights forward and backward read."""
         return 2 if self.sharded and self.precision in HALF else 4
 
-    def describe(self) -> str:
+    def where(self) -> str:
+        """How the model is spread: one process, DDP, or FSDP2 with its resharding."""
         if self.gpus == 1:
-            where = "1 process"
-        elif self.scheme == "ddp":
-            where = (f"DDP over {self.gpus} processes"
-                     + ("" if self.bucket_view else ", buckets beside the gradients"))
-        else:
-            where = (f"FSDP2 over {self.gpus} processes, "
-                     + ("ZeRO-3: weights freed after forward" if self.scheme == "zero3"
-                        else "ZeRO-2: weights kept from forward to backward")
-                     + (", root resharded" if self.root_reshards else ", root kept"))
+            return "1 process"
+        if self.scheme == "ddp":
+            return (f"DDP over {self.gpus} processes"
+                    + (", gradients as bucket views" if self.bucket_view else ", buckets beside the gradients"))
+        return (f"FSDP2 over {self.gpus} processes, "
+                + ("ZeRO-3: weights freed after forward" if self.scheme == "zero3"
+                   else "ZeRO-2: weights kept from forward to backward")
+                + (", root resharded" if self.root_reshards else ", root kept"))
+
+    def policy(self) -> str:
+        """The precision policy, and what accumulation does with FSDP's gradients."""
         prec = self.precision
         if not self.sharded and prec in HALF:  # one process or DDP: the 16-bit dtype is autocast's
             prec = {"bf16": "autocast", "fp16": "autocast-fp16"}[prec]
-        prec = PRECISIONS[prec]
         grads = ""
         if self.sharded and self.accum > 1:
-            grads = (", reduce-scatter every micro-batch" if self.sync_every
-                     else ", whole fp32 gradients held until the last micro-batch")
-        return (f"{where}; {prec}; accumulation {self.accum}{grads}"
+            grads = ("; reduce-scatter every micro-batch" if self.sync_every
+                     else "; whole fp32 gradients held until the last micro-batch")
+        return PRECISIONS[prec] + grads
+
+    def describe(self) -> str:
+        return (f"{self.where()}; {self.policy()}; accumulation {self.accum}"
                 f"{'; activation checkpointing' if self.checkpoint else ''}")
 
 

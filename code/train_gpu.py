@@ -549,16 +549,16 @@ def autocast(t: Trainer):
 def describe_run(t: Trainer, data: TokenSource, log: RunLog, ledger: float) -> None:
     args, n = t.args, t.raw.num_params()
     run = planned_run(args, t.world, t.accum, t.precision)
-    log(f"model {n:,} parameters | {run.describe()} | on {t.device.type} | micro-batch {args.micro_batch} × seq "
+    log(f"model {n:,} parameters | {run.where()} on {t.device.type} | micro-batch {args.micro_batch} × seq "
         f"{args.seq_len} × {t.world} × accumulation {t.accum} = {args.global_batch_tokens:,} tokens per step")
     log(f"data: {data.name}, {len(data):,} tokens; each step reads {args.global_batch_tokens / len(data):.3g} "
-        f"of it | tokenizer: {data.tokenizer_name} | compile: {t.compiled} | "
+        f"of it | tokenizer: {data.tokenizer_name} | precision: {run.policy()} | compile: {t.compiled}"
+        f" | activation checkpointing: {'on' if args.checkpoint_activations else 'off'} | "
         f"{peak_flops(t.device, args.peak_tflops)[1]}")
-    sent = run_sent_bytes(run)
+    sent = {k.replace("_", "-"): v for k, v in run_sent_bytes(run).items() if v}
     log(f"memory ledger (code/memory.py) for this run on a GPU (flash attention, eager autograd): {ledger:,.0f} MiB "
         f"per device, of which weights, gradients and optimizer state {ledger_state_mib(t):,.2f} MiB | sent per "
-        f"device per step: " + ", ".join(f"{k.replace('_', '-')} {v / 2**20:,.2f} MiB" for k, v in sent.items() if v)
-        + ("" if any(sent.values()) else "nothing"))
+        f"device per step: " + (", ".join(f"{k} {v / 2**20:,.2f} MiB" for k, v in sent.items()) or "nothing"))
 
 
 def planned_run(args, world: int, accum: int, precision: str) -> Run:

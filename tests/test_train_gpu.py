@@ -110,8 +110,9 @@ def test_smoke_run_logs_and_learns(runs):
 def test_ledger_and_held_state_are_logged(runs):
     _, one = runs[1, "ddp"]
     _, fsdp = runs[2, "fsdp"]
-    assert "memory ledger (code/memory.py), DDP on a GPU" in one
-    assert "memory ledger (code/memory.py), ZeRO-3/FSDP on a GPU" in fsdp
+    assert "1 process on cpu" in one and "FSDP2 over 2 processes, ZeRO-3: weights freed after forward" in fsdp
+    assert "memory ledger (code/memory.py) for this run on a GPU" in one and "sent per device per step: nothing" in one
+    assert "sent per device per step: all-gather " in fsdp and "precision: fp32 |" in fsdp
 
     def held(text):
         line = next(x for x in text.splitlines() if x.startswith("state held by process 0"))
@@ -579,7 +580,7 @@ def test_fp16_with_grad_scaler_skips_an_inf_step_under_fsdp(tmp_path):
              "--steps", "3", "--log-every", "1", "--sample-tokens", "0", "--shard", "fsdp", "--save-every", "0",
              "--timeout-s", "60", "--data", str(_tokens(tmp_path, 512)),
              "--out", str(tmp_path / "run")], nproc=2, faults="inf=2")
-    assert "precision: fp16 + GradScaler MixedPrecisionPolicy" in r.stdout
+    assert "precision: FSDP2 MixedPrecisionPolicy(param_dtype=fp16, reduce_dtype=fp32), GradScaler" in r.stdout
     steps = [x for x in r.stdout.splitlines() if x.startswith("step")]
     assert [x.endswith(f"fp16 steps skipped {n}") for x, n in zip(steps, (0, 1, 1))] == [True] * 3, steps
 
