@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -41,7 +42,8 @@ def not_written(path: Path) -> str:
 def load(path: Path):
     """Import the file at `path` as a fresh module (each answer file is its own module)."""
     path = Path(path).resolve()
-    module_name = "answer_" + "_".join(path.relative_to(HERE).with_suffix("").parts)
+    parts = path.relative_to(HERE).with_suffix("").parts if path.is_relative_to(HERE) else (path.stem,)
+    module_name = "answer_" + "_".join(parts)
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -73,9 +75,11 @@ def verdicts(name: str, paths: list, timeout_s: float = 90) -> list:
             except subprocess.TimeoutExpired:
                 return [f"the {nproc} processes did not finish in {timeout_s:.0f} s: does every recv or collective "
                         "have a matching send or call on the other processes?"] * len(paths)
-            except RuntimeError as e:  # a process died: its last line says why
-                last = next((line for line in reversed(str(e).splitlines()) if line.strip()), str(e))
-                return [f"a process exited with an error: {last.strip()}"] * len(paths)
+            except RuntimeError as e:  # a process died: the first error a rank printed says why
+                found = re.search(r"^\[rank\d+\]: (\w+(?:Error|Exception)\b.*)$", str(e), re.M)
+                why = found.group(1).strip() if found else "see the processes' output"
+                return [f"a process exited with an error ({why}): does every recv or collective have a "
+                        "matching send or call on the other processes?"] * len(paths)
             return json.loads(out.read_text(encoding="utf-8"))
     out = []
     for path in paths:
