@@ -32,6 +32,11 @@ What lives where:
 - sphinx_ext.py  the Sphinx extension that _config.yml loads: the stored GPU outputs below the
                  cuda cells as the build reads a page, the HTML fix that drops a duplicated script,
                  the calculator's static files and provenance.py's directive.
+- pages.py       how the pages read in Chinese: ASCII quotes paired as “…” (smart quotes are off), figures
+                 numbered per chapter (图 5.1), the hidden cells' show/hide prompts, the search box.
+- search.py      the search: an index of each page's Chinese character pairs (every word of two or more
+                 characters is found), the query splitter, the glossary's teaching chapter first, hits
+                 opening at their section; search_terms.py reads the glossary's terms and chapters.
 - provenance.py  the provenance page's table (chapters/provenance.md): how, when, where and how long
                  each chapter was executed, from myst-nb's execution data and the execution cache.
 

@@ -8,11 +8,13 @@
   redeclares a `const` and throws in the browser. Keep the first of any identical scripts.
 - Chapter 8's calculator: the Pyodide runtime and budget.py's modules join the static files (pyodide.py).
 - The provenance page's table (provenance.py): how, when and where each chapter was executed.
-- The search index knows the glossary's terms: a jieba user dictionary made from it (search_terms.py).
+- The search finds every Chinese word a page contains, opens a hit at its section and ranks the chapter
+  that teaches a glossary term first (search.py).
+- Quotation marks, figure numbers per chapter and the hidden cells' prompts, in Chinese (pages.py).
 """
-from . import provenance, pyodide
+from . import pages, provenance, pyodide
 from .cuda import show_stored_gpu_outputs
-from .search_terms import use_glossary_dictionary
+from .search import use_book_search
 
 
 def show_stored_gpu_outputs_as_read(app, docname, source):
@@ -33,7 +35,8 @@ def dedupe_scripts(app, pagename, templatename, context, doctree):
 
 def setup(app):
     app.connect("source-read", show_stored_gpu_outputs_as_read)
-    app.connect("config-inited", use_glossary_dictionary)  # jieba keeps the glossary's compounds whole
+    app.connect("config-inited", use_book_search)  # the n-gram index, its query splitter and scorer
+    pages.setup(app)  # quotation marks, figure numbers, the hidden cells' prompts
     app.connect("html-page-context", dedupe_scripts, priority=900)
     pyodide.setup(app)  # chapter 8's calculator: Pyodide and budget.py in _static
     provenance.setup(app)  # the provenance page's table

@@ -1,18 +1,22 @@
-"""Search finds the book's own terms: every term of the glossary, searched in the built book.
+"""Search finds what a reader types: every glossary term, and words sampled from every chapter's text.
 
-jieba cuts a compound it does not know (微批次 into 微 + 批次), and the page's search looks a Chinese query
-up whole, so without the user dictionary that bookbuild/search_terms.py makes from the glossary, a
-search for 微批次 finds nothing. Two checks: jieba, given that dictionary, keeps every glossary word
-whole in the chapters the glossary links it to (no browser); and in headless Chromium, the built book's
-search page lists each of those chapters for each term (the way tests/test_browser.py drives it).
+The index holds each page's Chinese character pairs (bookbuild/search.py), so any Chinese string of two or
+more characters a page contains finds the page. Checked in headless Chromium on the built book (the way
+tests/test_browser.py drives it):
+
+- SAMPLE words (2-4 Chinese characters) drawn, with a fixed seed, from the prose of every chapter, not only
+  glossary terms: each finds its chapter; the test prints the hit rate and must reach 100 %;
+- every glossary term finds the chapters the glossary links it to, and the first of them is the first hit;
+- a hit opens at the section that holds the word, not at the top of the page.
 """
+import random
 import re
 from urllib.parse import quote
 
 import pytest
 from test_browser import REPO, browser, open_page, site  # noqa: F401  (browser, site: the fixtures)
 
-from bookbuild import search_terms
+from bookbuild import book, search, search_terms
 
 GLOSSARY = (REPO / search_terms.GLOSSARY).read_text(encoding="utf-8")
 TERMS = [(word, pages) for words, pages in search_terms.glossary_terms(GLOSSARY) for word in words]
@@ -35,25 +39,6 @@ def test_every_term_is_searchable():
     assert not [w for w, _ in TERMS if len(w) < 2]
 
 
-def test_jieba_keeps_every_glossary_word_whole_in_its_chapters(tmp_path):
-    import jieba
-    tokenizer = jieba.Tokenizer()
-    tokenizer.load_userdict(str(search_terms.write_dictionary(REPO, tmp_path)))
-    plain = jieba.Tokenizer()  # the default dictionary: what the index held before
-    split = {}
-    for word, pages in TERMS:
-        if not re.search(r"[\u4e00-\u9fff]", word):
-            continue
-        for docname in pages:
-            text = (REPO / f"{docname}.md").read_text(encoding="utf-8")
-            assert word in text, f"{word!r}: the glossary links {docname}, which never uses it"
-            if word.split()[0] not in set(tokenizer.cut_for_search(text)):
-                split.setdefault(word, []).append(docname)
-    assert not split, f"jieba with the glossary's dictionary still cuts these words apart: {split}"
-    # and the dictionary is what makes the difference: without it jieba cuts 微批次 apart
-    assert "微批次" not in set(plain.cut_for_search("每个微批次的损失除以 k"))
-
-
 @pytest.mark.parametrize("word,pages", TERMS, ids=[w for w, _ in TERMS])
 def test_search_finds_the_chapters_the_glossary_links(site, browser, word, pages):  # noqa: F811
     page, errors = open_page(browser, f"{site}/search.html?q={quote(word)}")
@@ -66,6 +51,99 @@ def test_search_finds_the_chapters_the_glossary_links(site, browser, word, pages
         found = {m.group(1) for h in hrefs if (m := re.search(r"/(chapters/[^/#?]+)\.html", h))}
         missing = [p for p in pages if p not in found]
         assert not missing, f"searching {word!r} does not find {missing} (found {sorted(found)})"
+        first = re.search(r"/(chapters/[^/#?]+)\.html", hrefs[0]).group(1)
+        assert first == pages[0], f"searching {word!r}: the first hit is {first}, not the teaching chapter {pages[0]}"
+        assert not errors, f"console errors: {errors}"
+    finally:
+        page.close()
+
+
+# ---- words sampled from every chapter ----
+
+SAMPLE = 30  # words per chapter: 8 chapters make 240
+SEED = 29
+
+
+def prose(md) -> str:
+    """A chapter's Markdown cells as a reader sees them: no code cells, glued values, math, link targets
+    or front matter."""
+    text = md.read_text(encoding="utf-8").split("\n---\n", 1)[-1]
+    text = re.sub(r"```\{code-cell\}.*?\n```", " ", text, flags=re.S)
+    text = re.sub(r"\{glue:[a-z]+\}`[^`]*`", " ", text)
+    text = re.sub(r"\$\$.*?\$\$|\$[^$\n]*\$", " ", text, flags=re.S)
+    return re.sub(r"\]\([^)]*\)", "] ", text)
+
+
+def sampled_words(md, n=SAMPLE, seed=SEED) -> list[str]:
+    """n distinct strings of 2-4 Chinese characters, each cut at random from a run of Chinese in the
+    chapter's prose."""
+    runs = [r for r in re.findall(f"[{search.CJK}]+", prose(md)) if len(r) >= 2]
+    rng = random.Random(f"{seed}-{md.name}")
+    words = set()
+    while len(words) < n:
+        run = rng.choice(runs)
+        size = rng.randint(2, min(4, len(run)))
+        start = rng.randrange(len(run) - size + 1)
+        words.add(run[start:start + size])
+    return sorted(words)
+
+
+def test_sampled_words_come_from_every_chapter():
+    chapters = book.chapters()
+    words = {md.name: sampled_words(md) for md in chapters}
+    assert len(words) == len(chapters) and sum(map(len, words.values())) >= 200
+    assert all(w in prose(md) for md in chapters for w in words[md.name])
+
+
+SEARCH_JS = """words => words.map(w => {
+  const [query, terms, excluded, highlight, objects] = Search._parseQuery(w);
+  return [w, Search._performSearch(query, terms, excluded, highlight, objects).map(r => r[0])];
+})"""
+
+
+def test_search_finds_words_sampled_from_every_chapter(site, browser):  # noqa: F811
+    page, errors = open_page(browser, f"{site}/search.html?q=%E6%90%9C%E7%B4%A2")
+    try:
+        page.wait_for_function("() => typeof Search !== 'undefined' && Search.hasIndex()", timeout=30_000)
+        missed, total = {}, 0
+        for md in book.chapters():
+            words = sampled_words(md)
+            total += len(words)
+            for word, docnames in page.evaluate(SEARCH_JS, words):
+                if book.docname(md) not in docnames:
+                    missed.setdefault(md.name, []).append(word)
+        n_missed = sum(map(len, missed.values()))
+        print(f"search: {total - n_missed} of {total} sampled words find their chapter "
+              f"({(total - n_missed) / total:.1%}), from {len(book.chapters())} chapters")
+        assert not missed, f"sampled words that do not find their chapter: {missed}"
+        assert not errors, f"console errors: {errors}"
+    finally:
+        page.close()
+
+
+SECTION_WORDS = ["学习率", "检查点", "验证集", "梯度累积"]
+
+
+@pytest.mark.parametrize("word", SECTION_WORDS)
+def test_a_hit_opens_at_the_section_that_holds_the_word(site, browser, word):  # noqa: F811
+    page, errors = open_page(browser, f"{site}/search.html?q={quote(word)}")
+    try:
+        page.wait_for_function(
+            "() => { const a = [...document.querySelectorAll('#search-results ul.search li a')];"
+            " return a.length > 0 && a.some(x => x.dataset.section); }", timeout=30_000)
+        page.wait_for_timeout(1_000)  # the other hits' pages are fetched too
+        links = page.eval_on_selector_all("#search-results ul.search li a",
+                                          "as => as.map(a => [a.href, a.dataset.section || ''])")
+        with_section = [href for href, section in links if section]
+        assert len(with_section) >= len(links) / 2, f"{word!r}: hits without a section: {links}"
+        target = browser.new_page()
+        try:
+            target.goto(with_section[0], wait_until="networkidle")
+            anchor = with_section[0].split("#", 1)[1]
+            text = target.evaluate("id => document.getElementById(decodeURIComponent(id)).innerText", anchor)
+            assert word in text, f"{word!r}: section #{anchor} of {with_section[0]} does not hold it"
+        finally:
+            target.close()
         assert not errors, f"console errors: {errors}"
     finally:
         page.close()

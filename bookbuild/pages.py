@@ -1,0 +1,134 @@
+"""How the built pages read in Chinese: quotation marks, figure numbers and the show/hide prompts.
+
+- Quotation marks. docutils' "smart quotes" decide between an opening and a closing quote by the
+  character before it; a CJK character counts as neither space nor punctuation, so "计算最优" came out
+  as ”计算最优” (two closing quotes), and the same pass turned a glued "+--+" (four residual signs) into
+  "+–+". _config.yml turns smart quotes off (`smartquotes: false`); pair_quotes then turns each pair
+  of ASCII double quotes in running text into “…”, in order, in a paragraph that holds an even number
+  of them. Code, math, and every literal block (the cells' source and outputs) are left as they are;
+  dashes and "..." are never touched.
+- Figure numbers. Sphinx numbers figures across the whole book unless the table of contents is
+  numbered (the book's titles carry their own 第N章), so chapter 5's first figure was 图 2.
+  number_figures_by_chapter renumbers them per chapter: 图 5.1, 图 5.2, ... in reading order.
+- The prompts of a cell whose source is hidden (`hide-input`): myst-nb writes "Show code cell
+  source" / "Hide code cell source"; _config.yml gives the Chinese prompt with myst-nb's {type}
+  placeholder, and translate_prompts puts the Chinese word for the type in. The theme's search box
+  says "Search this book..." unless told otherwise (chinese_search_box; html_theme_options is set
+  here, since a value of it in _config.yml's sphinx.config would replace the theme options Jupyter
+  Book derives from its html: section).
+
+tests/test_pages.py checks each of these on the built pages, in headless Chromium.
+"""
+from docutils import nodes
+from sphinx.transforms import SphinxTransform
+from sphinx.transforms.post_transforms import SphinxPostTransform
+
+from . import book
+
+OPEN, CLOSE = "\u201c", "\u201d"
+_NO_QUOTES = (nodes.FixedTextElement, nodes.literal, nodes.math, nodes.math_block, nodes.raw,
+              nodes.comment, nodes.target)
+
+
+def pair_quote_texts(texts: list[str]) -> list[str]:
+    """The pieces of one paragraph's running text with its ASCII double quotes paired as “…”. A
+    paragraph with an odd number of them (a quote that opens here and closes elsewhere, or an inch
+    sign) keeps them all, rather than pairing the wrong ones."""
+    if sum(t.count('"') for t in texts) % 2:
+        return texts
+    out, opening = [], True
+    for text in texts:
+        pieces = text.split('"')
+        joined = pieces[0]
+        for piece in pieces[1:]:
+            joined += (OPEN if opening else CLOSE) + piece
+            opening = not opening
+        out.append(joined)
+    return out
+
+
+def _running_text(element: nodes.Element) -> list[nodes.Text]:
+    found = []
+    for child in element.children:
+        if isinstance(child, nodes.Text):
+            found.append(child)
+        elif isinstance(child, nodes.Element) and not isinstance(child, (*_NO_QUOTES, nodes.paragraph)):
+            found.extend(_running_text(child))
+    return found
+
+
+class PairQuotes(SphinxTransform):
+    """ASCII double quotes in running text become “…” (see the module's docstring)."""
+
+    default_priority = 760  # after the glued values are in the page, where smart quotes would run
+
+    def apply(self, **kwargs) -> None:
+        for element in self.document.findall(nodes.TextElement):
+            if isinstance(element, _NO_QUOTES) or any(isinstance(a, _NO_QUOTES) for a in _ancestors(element)):
+                continue
+            if isinstance(element.parent, nodes.TextElement) and not isinstance(element.parent, _NO_QUOTES):
+                continue  # an inline element: its text is paired with its paragraph's
+            texts = _running_text(element)
+            if not any('"' in t for t in texts):
+                continue
+            for old, new in zip(texts, pair_quote_texts([str(t) for t in texts])):
+                if new != str(old):
+                    old.parent.replace(old, nodes.Text(new))
+
+
+def _ancestors(node):
+    node = node.parent
+    while node is not None:
+        yield node
+        node = node.parent
+
+
+def number_figures_by_chapter(app, env) -> list[str]:
+    """env-get-updated, after Sphinx numbered the figures across the book: number them per chapter,
+    (chapter, n), which Sphinx writes as 图 5.1. Pages that are not chapters keep their numbers."""
+    numbers = {book.docname(md): n for n, md in enumerate(book.chapters(), start=1)}
+    for docname, by_type in env.toc_fignumbers.items():
+        if docname not in numbers:
+            continue
+        for figtype, ids in by_type.items():
+            in_order = sorted(ids, key=lambda i: ids[i])
+            by_type[figtype] = {i: (numbers[docname], k) for k, i in enumerate(in_order, start=1)}
+    return []
+
+
+PROMPT_TYPES = {"content": "这一格", "source": "代码", "output": "输出", "outputs": "输出"}
+
+
+def translate_prompt(prompt: str) -> str:
+    """myst-nb's prompt after it put the English type in ("显示source") -> "显示代码"."""
+    for english in sorted(PROMPT_TYPES, key=len, reverse=True):  # "outputs" before "output"
+        if prompt.endswith(english):
+            return prompt[: -len(english)] + PROMPT_TYPES[english]
+    return prompt
+
+
+class TranslatePrompts(SphinxPostTransform):
+    """The hidden cell's show/hide prompts, with the type of what they hide in Chinese."""
+
+    default_priority = 200  # just after myst-nb's HideInputCells (199) made them
+    formats = ("html",)
+
+    def run(self, **kwargs) -> None:
+        from myst_nb.sphinx_ import HideCodeCellNode
+        for node in self.document.findall(HideCodeCellNode):
+            for key in ("prompt_show", "prompt_hide"):
+                node[key] = translate_prompt(node[key])
+
+
+SEARCH_BOX = "搜索本书…"
+
+
+def chinese_search_box(app, config) -> None:
+    config.html_theme_options = {**(config.html_theme_options or {}), "search_bar_text": SEARCH_BOX}
+
+
+def setup(app) -> None:
+    app.connect("config-inited", chinese_search_box)
+    app.add_transform(PairQuotes)
+    app.add_post_transform(TranslatePrompts)
+    app.connect("env-get-updated", number_figures_by_chapter, priority=900)  # after Sphinx's own numbering

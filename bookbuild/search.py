@@ -1,0 +1,177 @@
+"""The book's search: every Chinese word of two or more characters that a page contains is found, a hit
+opens at the section that holds it, and the chapter that teaches a glossary term comes first.
+
+Sphinx's Chinese search indexes jieba's segmentation of each page, and the browser looks a query up
+whole, so a word jieba cuts differently in the text (学习率 into 学习 + 率, 验证集 into 验证 + 集) was never
+found, however often the page used it. The index here holds, for every run of Chinese characters in
+a page, each pair of neighbouring characters (NGRAM = 2), besides the Latin words Sphinx's Chinese
+search keeps. The page's query splitter does the same to the query: a Chinese run of two characters
+is looked up whole, a longer one as its overlapping pairs, which Sphinx's search requires all to be
+on the page. So a page is found for any Chinese string of two or more characters it contains. A
+longer query also matches a page that holds each of its pairs but not the string itself (学习 and 习率
+apart, without 学习率): rare, and such a hit's link opens at the page's top. A single Chinese
+character is not indexed (Sphinx never did) and is dropped from a query.
+
+The size (tests/test_search_index.py prints it): jieba's words made a searchindex.js of 153 KB;
+pairs make 323 KB (76 KB gzipped); pairs and triples (NGRAM = 3, fewer of those false matches)
+840 KB (168 KB gzipped). The theme loads the index on every page, so pairs it is.
+
+Then two things in the browser (SEARCH_JS, loaded with Sphinx's language data on the search page):
+
+- Scorer.score puts first the chapters the glossary links a term to (chapters/glossary.md's last
+  column, in its order: search_terms.glossary_terms), when the query is that term.
+- Each hit's link and excerpt go to the first section of the page whose text contains the query:
+  Sphinx fetches each hit's page for its excerpt anyway, and the section is found in it.
+
+tests/test_search_index.py measures the index and samples words from every chapter;
+tests/test_search_terms.py searches every glossary term in the built book.
+"""
+import hashlib
+import json
+import re
+from pathlib import Path
+
+from sphinx.search.zh import SearchChinese
+
+from .search_terms import GLOSSARY, glossary_terms
+
+NGRAM = 2  # longest Chinese substring indexed; a longer query is looked up as its pieces of this length
+CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_RUN = re.compile(f"[{CJK}]+")
+
+
+def ngrams(text: str, longest: int = NGRAM) -> list[str]:
+    """Every substring of 2..longest characters of each run of Chinese characters in text."""
+    grams = []
+    for run in _RUN.findall(text):
+        for n in range(2, longest + 1):
+            grams.extend(run[i:i + n] for i in range(len(run) - n + 1))
+    return grams
+
+
+def query_terms(query: str, longest: int = NGRAM) -> list[str]:
+    """What the page's splitQuery (SEARCH_JS) makes of a query's Chinese runs, in Python, for the tests:
+    a run of 2..longest characters whole, a longer run as its overlapping pieces of `longest`."""
+    terms = []
+    for run in _RUN.findall(query):
+        if len(run) < 2:
+            continue
+        terms.extend([run] if len(run) <= longest else [run[i:i + longest] for i in range(len(run) - longest + 1)])
+    return terms
+
+
+class SearchBook(SearchChinese):
+    """Sphinx's Chinese search, with the n-grams of the text in place of jieba's words."""
+
+    def init(self, options) -> None:
+        self.stemmer = __import__("snowballstemmer").stemmer("english")  # SearchChinese.init without jieba
+
+    def split(self, input: str) -> list[str]:
+        latin = [t.strip() for t in self.latin1_letters.findall(input)]
+        self.latin_terms.extend(latin)
+        return ngrams(input) + latin
+
+
+SEARCH_JS = r"""
+/* bookbuild/search.py: the book's query splitter, the teaching chapter first, hits open at their section. */
+var BOOK_NGRAM = %(ngram)d;
+var BOOK_TEACHES = %(teaches)s;
+var splitQuery = (query) => {
+  const terms = [];
+  for (const word of query.split(/[^\p{Letter}\p{Number}_\p{Emoji_Presentation}]+/gu)) {
+    for (const piece of word.split(/([%(cjk)s]+)/u)) {
+      if (!piece) continue;
+      if (!/^[%(cjk)s]+$/u.test(piece)) { terms.push(piece); continue; }
+      if (piece.length < 2) continue;  // a single Chinese character is not indexed
+      if (piece.length <= BOOK_NGRAM) terms.push(piece);
+      else for (let i = 0; i + BOOK_NGRAM <= piece.length; i++) terms.push(piece.substr(i, BOOK_NGRAM));
+    }
+  }
+  return terms;
+};
+var bookNormal = (text) => (text || "").toLowerCase().replace(/\s+/g, " ").trim();
+if (typeof Scorer !== "undefined") {
+  Scorer.score = (result) => {
+    const [docname, , , , score] = result;
+    const teaches = BOOK_TEACHES[bookNormal(Search._bookQuery)] || [];
+    const rank = teaches.indexOf(docname);
+    return rank >= 0 ? score + 1000 - rank : score;
+  };
+}
+/* The first section of a page whose text holds the query (both lower case, runs of white space as one). */
+var bookSection = (root, query) => {
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  let flat = "";
+  const owner = [];
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    if (n.parentElement && n.parentElement.closest("script, style, .headerlink")) continue;
+    const value = n.nodeValue.toLowerCase();
+    for (let i = 0; i < value.length; i++) {
+      let ch = value[i];
+      if (/\s/.test(ch)) { if (flat === "" || flat.endsWith(" ")) continue; ch = " "; }
+      flat += ch;
+      owner.push(n);
+    }
+  }
+  const at = query ? flat.indexOf(query) : -1;
+  const section = at >= 0 ? owner[at].parentElement.closest("section[id]") : null;
+  return section && root.contains(section) ? section : null;
+};
+if (typeof Search !== "undefined") {
+  const sphinxParseQuery = Search._parseQuery;
+  Search._parseQuery = (query) => { Search._bookQuery = query; return sphinxParseQuery(query); };
+  const sphinxSummary = Search.makeSearchSummary;
+  Search.makeSearchSummary = (htmlText, keywords, anchor) => {
+    const page = new DOMParser().parseFromString(htmlText, "text/html");
+    const main = page.querySelector('[role="main"]');
+    const section = !anchor && main ? bookSection(main, bookNormal(Search._bookQuery)) : null;
+    const summary = sphinxSummary(htmlText, keywords, section ? "#" + CSS.escape(section.id) : anchor);
+    if (section && summary) queueMicrotask(() => {  // the summary is in its list item by now
+      const link = summary.parentElement && summary.parentElement.querySelector("a");
+      if (link) { link.href = link.href.split("#")[0] + "#" + section.id; link.dataset.section = section.id; }
+    });
+    return summary;
+  };
+}
+"""
+
+
+def teaches(srcdir: Path) -> dict[str, list[str]]:
+    """Each glossary word (lower case) -> the chapters the glossary links it to, in its order."""
+    text = (Path(srcdir) / GLOSSARY).read_text(encoding="utf-8")
+    found = {}
+    for words, pages in glossary_terms(text):
+        for word in words:
+            found.setdefault(" ".join(word.lower().split()), pages)
+    return found
+
+
+def search_js(srcdir: Path) -> str:
+    glossary = (Path(srcdir) / GLOSSARY).is_file()
+    return SEARCH_JS % {"ngram": NGRAM, "cjk": CJK,
+                        "teaches": json.dumps(teaches(srcdir) if glossary else {}, ensure_ascii=False, sort_keys=True)}
+
+
+def use_book_search(app, config) -> None:
+    """config-inited: the n-gram index (SearchBook) for the book's Chinese, and SEARCH_JS as Sphinx's
+    search scorer (html_search_scorer: a file, named by its content's hash so that a changed glossary
+    is a changed configuration; an absolute path, since Sphinx opens it relative to the working
+    directory)."""
+    from sphinx import search as sphinx_search
+    sphinx_search.languages["zh"] = SearchBook
+    js = search_js(app.srcdir)
+    # Sphinx re-reads every page when html_search_options change, but keeps the words of the index it
+    # loads from the last build (emptied of pages, still written out): a changed index scheme starts
+    # from no index at all.
+    scheme = hashlib.sha256((Path(__file__).read_text(encoding="utf-8")).encode()).hexdigest()[:12]
+    config.html_search_options = {**(config.html_search_options or {}), "book_index": scheme}
+    stamp = Path(app.outdir) / ".book-search-scheme"
+    if not stamp.is_file() or stamp.read_text() != scheme:
+        (Path(app.outdir) / "searchindex.js").unlink(missing_ok=True)
+        Path(app.outdir).mkdir(parents=True, exist_ok=True)
+        stamp.write_text(scheme)
+    path = Path(app.doctreedir).parent / "search" / f"book-search-{hashlib.sha256(js.encode()).hexdigest()[:12]}.js"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(js, encoding="utf-8")
+    config.html_search_scorer = str(path.resolve())
