@@ -406,8 +406,9 @@ SHARD_FLAGS = {"ddp": ["--shard", "ddp"], "zero2": ["--shard", "fsdp", "--no-res
 
 
 def command_lines(est: dict, shape, gpus_per_node: int, layout: str, checkpoint: bool) -> list:
-    """The train_gpu.py command of the least-sharded scheme that fits (or of one that fits and sends less),
-    at this shape, micro-batch and step."""
+    """The train_gpu.py command at this shape, micro-batch and step: DDP if it fits (its forward never
+    waits on an all-gather, though FSDP's bf16 gathers may send fewer bytes), else the FSDP scheme that
+    fits and sends least (ZeRO-2 that must reduce-scatter every micro-batch can send more than ZeRO-3)."""
     if shape is None or not any(m["fits"] is not None for m in est["memory"].values()):
         return []
     if layout != "autocast":
@@ -418,9 +419,9 @@ def command_lines(est: dict, shape, gpus_per_node: int, layout: str, checkpoint:
     # the least-sharded scheme that fits, unless a more sharded one that fits sends less (with accumulation,
     # ZeRO-2 that must reduce-scatter every micro-batch can send more than ZeRO-3 holding the gradients)
     scheme, lines = fitting[0], []
-    if scheme != "zero1":  # ties go to the least sharded
-        runnable = [s for s in fitting if s != "zero1"]
-        scheme = min(runnable, key=lambda s: (est["memory"][s]["comm_bytes"], runnable.index(s)))
+    if scheme in ("zero2", "zero3"):  # DDP when it fits: its forward never waits on an all-gather
+        sharded = [s for s in fitting if s in ("zero2", "zero3")]  # ties go to the least sharded
+        scheme = min(sharded, key=lambda s: (est["memory"][s]["comm_bytes"], sharded.index(s)))
     if scheme == "zero1":
         extra = est["memory"]["zero2"]["comm_bytes"] - est["memory"]["zero1"]["comm_bytes"]
         lines.append("note        train_gpu.py has no ZeRO-1; the closest is --shard fsdp --no-reshard-after-forward "

@@ -112,7 +112,8 @@ def test_ledger_and_held_state_are_logged(runs):
     _, fsdp = runs[2, "fsdp"]
     assert "1 process on cpu" in one and "FSDP2 over 2 processes, ZeRO-3: weights freed after forward" in fsdp
     assert "memory ledger (code/memory.py) for this run on a GPU" in one and "sent per device per step: nothing" in one
-    assert "sent per device per step: all-gather " in fsdp and "precision: fp32 |" in fsdp
+    assert "sent per device per step: all-gather " in fsdp
+    assert "precision: fp32; whole fp32 gradients held until the last micro-batch |" in fsdp  # accumulation 4
 
     def held(text):
         line = next(x for x in text.splitlines() if x.startswith("state held by process 0"))
