@@ -95,7 +95,7 @@ if (typeof Scorer !== "undefined") {
     const [docname, , , , score] = result;
     const teaches = BOOK_TEACHES[bookNormal(Search._bookQuery)] || [];
     const rank = teaches.indexOf(docname);
-    return rank >= 0 ? score + 1000 - rank : score;
+    return rank >= 0 ? score + 1000 * (teaches.length - rank) : score;  // above any title or term score
   };
 }
 /* The first section of a page whose text holds the query (both lower case, runs of white space as one). */
