@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_gpu  # noqa: E402
+from fsdp_comm import count_collectives  # noqa: E402
 from script_support import Parser, fail, output_problem, process_group, write_json  # noqa: E402
 
 TINY = {"d_model": 32, "n_layer": 2, "n_head": 2, "seq_len": 32, "micro_batch": 2, "vocab_size": 8192}
@@ -48,21 +49,29 @@ COMBO_KEYS = ("scheme", "precision", "accum", "sync_every", "checkpoint", "bucke
 
 
 class Counter:
-    """Live counts of one step: {collective: [calls, bytes]} and rank 0's held bytes."""
+    """Live counts of one step: DDP's all-reduces {collective: [calls, bytes]} and rank 0's held bytes.
+    FSDP2's all-gathers and reduce-scatters are counted by fsdp_comm.count_collectives (chapter 5's)."""
 
     def __init__(self):
         self.on = False
         self.sent = {}
         self.held = {}
+        self.fsdp = None  # fsdp_comm.count_collectives()'s live counts, once patched
 
     def reset(self):
-        self.sent = {"all_gather": [0, 0], "reduce_scatter": [0, 0], "all_reduce": [0, 0]}
+        self.sent = {"all_reduce": [0, 0]}
         self.held = {"whole grads": 0, "gathered weights": 0, "buckets": 0}
+        self.fsdp_before = {k: list(v) for k, v in self.fsdp.items()}
 
     def add(self, name, nbytes):
         if self.on:
             self.sent[name][0] += 1
             self.sent[name][1] += nbytes
+
+    def step_sent(self) -> dict:
+        """This step's messages: FSDP's since reset(), then DDP's."""
+        fsdp = {k: [a - b for a, b in zip(v, self.fsdp_before[k])] for k, v in self.fsdp.items()}
+        return {**fsdp, **self.sent}
 
 
 COUNT = Counter()
@@ -70,21 +79,6 @@ COUNT = Counter()
 
 def _nbytes(t) -> int:
     return t.numel() * t.element_size()
-
-
-def patch_collectives() -> None:
-    """Count FSDP2's two collectives (it calls them through torch.distributed at run time)."""
-    gather, scatter = dist.all_gather_single, dist.reduce_scatter_single
-
-    def all_gather_single(output, input, *args, **kwargs):
-        COUNT.add("all_gather", _nbytes(output))
-        return gather(output, input, *args, **kwargs)
-
-    def reduce_scatter_single(output, input, *args, **kwargs):
-        COUNT.add("reduce_scatter", _nbytes(input))
-        return scatter(output, input, *args, **kwargs)
-
-    dist.all_gather_single, dist.reduce_scatter_single = all_gather_single, reduce_scatter_single
 
 
 def counting_ddp(bucket_view: bool):
@@ -176,7 +170,7 @@ def one_run(combo: tuple, world: int, rank: int, out_dir: str) -> dict:
     train_gpu.optimizer_step(t)
     held["optimizer"] = train_gpu.held_bytes(t)["optimizer"]
     held.update(COUNT.held)
-    return {"combo": dict(zip(COMBO_KEYS, combo)), "sent": COUNT.sent, "held": held,
+    return {"combo": dict(zip(COMBO_KEYS, combo)), "sent": COUNT.step_sent(), "held": held,
             "n_params": t.raw.num_params()}
 
 
@@ -191,7 +185,7 @@ def main(argv=None):
         if ranks.world < 2:
             fail("the witness needs two or more processes: start it with "
                  "python -m torch.distributed.run --standalone --nproc-per-node 2 code/run_witness.py --out FILE")
-        patch_collectives()
+        COUNT.fsdp = count_collectives()
         out_dir = str(Path(args.out).with_suffix(".runs"))
         runs = [one_run(c, ranks.world, ranks.rank, out_dir) for c in COMBOS]
         if ranks.rank == 0:
