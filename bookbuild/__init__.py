@@ -26,14 +26,14 @@ What lives where:
 - portability.py the portability run (`python -m bookbuild.portability`): what each kernel configuration
                  (native, no AMX, AVX2, 1 and 4 threads) changes on this CPU, then nbval over chapters
                  under each, with the margins of their measure.check asserts.
-- pyodide.py     chapter 8's calculator: the pinned Pyodide (npm package, version and integrity), fetched
+- pyodide.py     chapter 9's calculator: the pinned Pyodide (npm package, version and integrity), fetched
                  and cached under _build/, and budget.py with the modules it imports, copied from code/
                  into the HTML's _static/ at every build.
 - sphinx_ext.py  the Sphinx extension that _config.yml loads: the stored GPU outputs below the
                  cuda cells as the build reads a page, the HTML fix that drops a duplicated script,
                  the calculator's static files and provenance.py's directive.
 - pages.py       how the pages read in Chinese: ASCII quotes paired as “…” (smart quotes are off), figures
-                 numbered per chapter (图 5.1), the hidden cells' show/hide prompts, the search box.
+                 numbered per chapter (图 6.1), the hidden cells' show/hide prompts, the search box.
 - search.py      the search: an index of each page's Chinese character pairs (every word of two or more
                  characters is found), the query splitter, the glossary's teaching chapter first, hits
                  opening at their section; search_terms.py reads the glossary's terms and chapters.

@@ -8,8 +8,8 @@
   of them. Code, math, and every literal block (the cells' source and outputs) are left as they are;
   dashes and "..." are never touched.
 - Figure numbers. Sphinx numbers figures across the whole book unless the table of contents is
-  numbered (the book's titles carry their own 第N章), so chapter 5's first figure was 图 2.
-  number_figures_by_chapter renumbers them per chapter: 图 5.1, 图 5.2, ... in reading order.
+  numbered (the book's titles carry their own 第N章), so chapter 6's first figure was 图 2.
+  number_figures_by_chapter renumbers them per chapter: 图 6.1, 图 6.2, ... in reading order.
 - The prompts of a cell whose source is hidden (`hide-input`): myst-nb writes "Show code cell
   source" / "Hide code cell source"; _config.yml gives the Chinese prompt with myst-nb's {type}
   placeholder, and translate_prompts puts the Chinese word for the type in. The theme's search box
@@ -85,7 +85,7 @@ def _ancestors(node):
 
 def number_figures_by_chapter(app, env) -> list[str]:
     """env-get-updated, after Sphinx numbered the figures across the book: number them per chapter,
-    (chapter, n), which Sphinx writes as 图 5.1. Pages that are not chapters keep their numbers."""
+    (chapter, n), which Sphinx writes as 图 6.1. Pages that are not chapters keep their numbers."""
     numbers = {book.docname(md): n for n, md in enumerate(book.chapters(), start=1)}
     for docname, by_type in env.toc_fignumbers.items():
         if docname not in numbers:

@@ -569,7 +569,7 @@ def plan(argv: list) -> dict:
 
 
 def page(argv: list) -> dict:
-    """What chapter 8's calculator shows for a command line: the text main prints, or the one-line
+    """What chapter 9's calculator shows for a command line: the text main prints, or the one-line
     error it ends with; and the numbers of its two figures, memory per GPU by part for each scheme
     and hours and cost against the number of GPUs (compute alone, and with each scheme's communication
     added, not overlapped: the cost of GPUs that wait). JSON-ready (the page runs this under Pyodide)."""

@@ -63,9 +63,9 @@ def halves(x, y, rank, world):
     return micro[rank], micro
 
 
-# ---- chapter 4: DDP by hand ----
+# ---- chapter 5: DDP by hand ----
 
-def check_ch4_ddp(answer, rank, world, steps: int = 3):
+def check_ch5_ddp(answer, rank, world, steps: int = 3):
     what = "one process's on the whole batch"
     # naive: one all-reduce per parameter after backward
     for variant in ("all_reduce_gradients", "BucketedDDP"):
@@ -108,9 +108,9 @@ def check_ch4_ddp(answer, rank, world, steps: int = 3):
 BUCKET_BYTES = 16 * 1024  # the tiny model's blocks: qkv 12 KiB, gate/up/down 8 KiB each; the embedding 1 MiB
 
 
-# ---- chapter 5: a ring all-reduce ----
+# ---- chapter 6: a ring all-reduce ----
 
-def check_ch5_ring_allreduce(answer, rank, world):
+def check_ch6_ring_allreduce(answer, rank, world):
     from budget import ring_all_reduce_bytes
     for numel in (world * 512, world * 4096):
         t = torch.randn(numel, generator=torch.Generator().manual_seed(100 + rank))
@@ -137,7 +137,7 @@ def check_ch5_ring_allreduce(answer, rank, world):
     return None
 
 
-# ---- chapter 5: ZeRO-1 ----
+# ---- chapter 6: ZeRO-1 ----
 
 def optimizer_state_bytes(opt) -> int:
     """Bytes of the optimizer state (tensors of one or more dimensions; step counters are not counted) of
@@ -152,7 +152,7 @@ def optimizer_state_bytes(opt) -> int:
                for t in state.values() if torch.is_tensor(t) and t.dim() >= 1)
 
 
-def check_ch5_zero1(answer, rank, world, steps: int = 3):
+def check_ch6_zero1(answer, rank, world, steps: int = 3):
     from memory import state_bytes
     model, ref = checks.tiny_model(), checks.tiny_model()
     kw = dict(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
@@ -181,9 +181,9 @@ def check_ch5_zero1(answer, rank, world, steps: int = 3):
     return None
 
 
-# ---- chapter 5: FSDP by hand ----
+# ---- chapter 6: FSDP by hand ----
 
-def check_ch5_fsdp(answer, rank, world, steps: int = 3):
+def check_ch6_fsdp(answer, rank, world, steps: int = 3):
     model, ref = checks.tiny_model(), checks.tiny_model()
     names = [name for name, _ in ref.named_parameters()]
     n_params = ref.num_params()
@@ -227,8 +227,8 @@ def check_ch5_fsdp(answer, rank, world, steps: int = 3):
     return None
 
 
-CHECKS = {"ch4_ddp": check_ch4_ddp, "ch5_ring_allreduce": check_ch5_ring_allreduce,
-          "ch5_zero1": check_ch5_zero1, "ch5_fsdp": check_ch5_fsdp}
+CHECKS = {"ch5_ddp": check_ch5_ddp, "ch6_ring_allreduce": check_ch6_ring_allreduce,
+          "ch6_zero1": check_ch6_zero1, "ch6_fsdp": check_ch6_fsdp}
 
 
 def main():
