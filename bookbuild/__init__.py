@@ -31,14 +31,20 @@ What lives where:
                  into the HTML's _static/ at every build.
 - sphinx_ext.py  the Sphinx extension that _config.yml loads: the stored GPU outputs below the
                  cuda cells as the build reads a page, the HTML fix that drops a duplicated script,
-                 the calculator's static files and provenance.py's directive.
+                 the calculator's static files and provenance.py's directive and chapter sentence.
 - pages.py       how the pages read in Chinese: ASCII quotes paired as “…” (smart quotes are off), figures
                  numbered per chapter (图 6.1), the hidden cells' show/hide prompts, the search box.
 - search.py      the search: an index of each page's Chinese character pairs (every word of two or more
                  characters is found), the query splitter, the glossary's teaching chapter first, hits
                  opening at their section; search_terms.py reads the glossary's terms and chapters.
 - provenance.py  the provenance page's table (chapters/provenance.md): how, when, where and how long
-                 each chapter was executed, from myst-nb's execution data and the execution cache.
+                 each chapter was executed, from myst-nb's execution data and the execution cache; and
+                 from the same data, the sentence after each chapter's first paragraph that says how long
+                 the chapter took to execute and on which CPU, linking to that page.
+
+Not here: code/measure.py's glue_measured, the one way a chapter glues a machine-dependent value. Its
+stored record, ('3.2 ms'), is the one form tests/nbval_sanitize.cfg masks; myst-nb's {glue:text} shows it
+as 3.2 ms, and a string glued with plain glue() ('9.44') is compared digit for digit.
 
 Run the commands from the repository root; pytest finds the package through pyproject.toml's pythonpath.
 """

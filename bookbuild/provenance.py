@@ -12,6 +12,10 @@ which leaves a placeholder. The table can only be made once every chapter is rea
 the page is written again on every build (env-updated) and the placeholder is replaced when the page
 is written (doctree-resolved). myst-nb's own execution statistics (`{nb-exec-table}`) say "cache" for
 both a fresh execution and a cache hit; the cache record says which.
+
+Every chapter page also says, on its first screen (a sentence after the first paragraph under its
+title), how long the chapter took to execute from top to bottom and on which CPU, from the same data,
+with a link to this page: a reader sees at once what running it will cost, and that it will differ.
 """
 import datetime
 import platform
@@ -28,6 +32,7 @@ RECORD_CALL = "print_record()"  # the last line of a chapter's last cell: code/m
 RECORD_LINE = re.compile(r"^ *([^:\n]+): (.*)$")
 MACHINE_KEYS = ("CPU", "CPU cores", "python", "torch")  # what says which machine and software ran it
 TIME_FORMAT = "%Y-%m-%d %H:%M UTC"
+RUNTIME_CLASS = "chapter-runtime"  # the class of the sentence at the top of each chapter's page
 
 HOW = {
     "build": "本次构建执行",
@@ -74,13 +79,18 @@ def how_executed(created: datetime.datetime | None, executed_by: str | None,
     return "build" if created >= build_started else "earlier build"
 
 
+def same_machine(record: dict, build_machine: dict) -> bool:
+    """Whether a chapter's record names this build's machine: CPU, cores, Python, torch and kernels."""
+    return all(record.get(k) == build_machine.get(k) for k in MACHINE_KEYS + ("ISA",) if k in record)
+
+
 def machine_text(record: dict, build_machine: dict) -> str:
     """The machine a chapter ran on: 'this build's machine' when its record matches it."""
     if not record:
         return "（本章没有实验记录）"
     kernels = (f"，{record['ISA']}" if record.get("ISA") else "") + (
         f"，{record['torch threads']} 个线程" if record.get("torch threads") else "")
-    if all(record.get(k) == build_machine.get(k) for k in MACHINE_KEYS + ("ISA",) if k in record):
+    if same_machine(record, build_machine):
         return "本构建机器" + kernels
     return (f"{record.get('CPU', '?')}，{record.get('CPU cores', '?')} 核，"
             f"Python {record.get('python', '?')}，torch {record.get('torch', '?')}" + kernels)
@@ -106,6 +116,36 @@ def numbers_text(how: str, has_cuda_cells: bool, stored: dict | None) -> str:
     else:
         own = "来自左边这次较早的执行（此后代码和输入都没变）。"
     return own + cuda_text(has_cuda_cells, stored)
+
+
+def duration_text(seconds: float) -> str:
+    """Seconds in Chinese, to the second: 192.4 -> '3 分 12 秒', 3720 -> '1 小时 2 分'."""
+    whole = round(seconds)
+    if whole < 1:
+        return "不到 1 秒"
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{hours} 小时"] * bool(hours) + [f"{minutes} 分"] * bool(minutes) + [f"{secs} 秒"] * bool(secs)
+    return " ".join(parts)
+
+
+def runtime_sentence(how: str, seconds: float | None, record: dict, build_machine: dict, link: str | None) -> str:
+    """The sentence at the top of a chapter's page: how long the chapter took to execute from top to
+    bottom, and on which CPU. how: a key of HOW; record: the chapter's experiment record; link: the
+    provenance page's title, which the page turns into a link to it (None: no such page)."""
+    see = f"见{link}。" if link else ""
+    if how in ("failed", "not executed"):
+        done = "本章执行失败" if how == "failed" else "没有执行本章"
+        return f"构建本书时{done}，页面上没有它的输出" + (f"；{see}" if see else "。")
+    cpu = f"{record.get('CPU', '?')}，{record.get('CPU cores', '?')} 核"
+    took = f"从头到尾执行用了 {duration_text(seconds)}" if seconds is not None else "执行用时没有记录"
+    if not record:
+        where = "本章的输出来自一次没有留下实验记录的执行，"
+    elif same_machine(record, build_machine):
+        where = f"在构建本书的机器上（{cpu}），本章"
+    else:
+        where = f"本页的输出来自另一台机器（{cpu}）上的一次执行，本章在那里"
+    return f"{where}{took}；你的机器上会不同" + (f"，{see}" if see else "。")
 
 
 def build_machine() -> dict:
@@ -163,6 +203,7 @@ def chapter_rows(env, build_started: datetime.datetime) -> tuple[list[dict], dic
             "machine": machine_text(record, machine),
             "numbers": numbers_text(how, has_cuda_cells, stored),
             "margins": record.get("margins", "—"),  # measure.check's tightest asserts, as print_record wrote them
+            "run": {"how": how, "seconds": seconds, "record": record},  # for the chapter page's own sentence
         })
     return rows, machine
 
@@ -182,6 +223,14 @@ class ProvenanceTable(SphinxDirective):
 
 def note_build_start(app):
     app.provenance_build_started = datetime.datetime.now(datetime.timezone.utc)
+    app.provenance_rows = None  # chapter_rows, made once per build when the first page needs them
+
+
+def rows_of_this_build(app) -> tuple[list[dict], dict]:
+    """chapter_rows for this build, made once: the pages are written after every chapter was executed."""
+    if app.provenance_rows is None:
+        app.provenance_rows = chapter_rows(app.env, app.provenance_build_started)
+    return app.provenance_rows
 
 
 def pages_with_the_table(app, env):
@@ -195,7 +244,7 @@ def fill_table(app, doctree, docname):
     placeholders = list(doctree.findall(ProvenanceNode))
     if not placeholders:
         return
-    rows, machine = chapter_rows(app.env, app.provenance_build_started)
+    rows, machine = rows_of_this_build(app)
     built = nodes.paragraph(text=(
         f"这一版构建于 {app.provenance_build_started.strftime(TIME_FORMAT)}，构建机器：{machine.get('CPU')}，"
         f"{machine.get('CPU cores')} 核，{machine.get('ISA')}，{machine.get('OS')}，Python {machine.get('python')}，"
@@ -206,6 +255,47 @@ def fill_table(app, doctree, docname):
                              f"{r['commit']}，{r['machine']}", r["numbers"], r["margins"]] for r in rows])
     for node in placeholders:
         node.replace_self([built, table])
+
+
+def insert_after_first_paragraph(doctree, paragraph) -> None:
+    """Put `paragraph` after the first paragraph under the page's title (in its level-1 section, before
+    any subsection); right below the title if no paragraph comes before the first subsection."""
+    section = next(doctree.findall(nodes.section), None)
+    if section is None:
+        doctree.insert(0, paragraph)
+        return
+    at = 1 if section.children and isinstance(section[0], nodes.title) else 0
+    for i, child in enumerate(section.children):
+        if isinstance(child, nodes.section):
+            break
+        if isinstance(child, nodes.paragraph):
+            at = i + 1
+            break
+    section.insert(at, paragraph)
+
+
+def runtime_paragraph(sentence: str, link: str | None, refuri: str | None) -> nodes.paragraph:
+    """The sentence as a paragraph, with its `link` text (the provenance page's title) a link to refuri."""
+    para = nodes.paragraph(classes=[RUNTIME_CLASS])
+    if not (link and refuri and link in sentence):
+        para += nodes.Text(sentence)
+        return para
+    before, _, after = sentence.partition(link)
+    para += [nodes.Text(before), nodes.reference("", link, internal=True, refuri=refuri), nodes.Text(after)]
+    return para
+
+
+def add_runtime_sentence(app, doctree, docname):
+    """doctree-resolved: on a chapter's page, how long it took to execute and where (runtime_sentence)."""
+    if docname not in {book.docname(md) for md in book.chapters()}:
+        return
+    rows, machine = rows_of_this_build(app)
+    run = next(r["run"] for r in rows if r["docname"] == docname)
+    page = next(iter(pages_with_the_table(app, app.env)), None)  # the provenance page
+    link = app.env.titles[page].astext() if page in app.env.titles else None
+    sentence = runtime_sentence(run["how"], run["seconds"], run["record"], machine, link)
+    refuri = app.builder.get_relative_uri(docname, page) if link else None
+    insert_after_first_paragraph(doctree, runtime_paragraph(sentence, link, refuri))
 
 
 def _link(app, fromdoc, todoc, text):
@@ -236,3 +326,4 @@ def setup(app):
     app.connect("builder-inited", note_build_start)
     app.connect("env-updated", pages_with_the_table)
     app.connect("doctree-resolved", fill_table)
+    app.connect("doctree-resolved", add_runtime_sentence)

@@ -7,7 +7,8 @@
   `env-before-read-docs`, which fires more than once in a Jupyter Book build; the second copy
   redeclares a `const` and throws in the browser. Keep the first of any identical scripts.
 - Chapter 9's calculator: the Pyodide runtime and budget.py's modules join the static files (pyodide.py).
-- The provenance page's table (provenance.py): how, when and where each chapter was executed.
+- The provenance page's table (provenance.py): how, when and where each chapter was executed; and on
+  each chapter's first screen, a sentence saying how long it took to execute and on which CPU.
 - The search finds every Chinese word a page contains, opens a hit at its section and ranks the chapter
   that teaches a glossary term first (search.py).
 - Quotation marks, figure numbers per chapter and the hidden cells' prompts, in Chinese (pages.py).
@@ -39,5 +40,5 @@ def setup(app):
     pages.setup(app)  # quotation marks, figure numbers, the hidden cells' prompts
     app.connect("html-page-context", dedupe_scripts, priority=900)
     pyodide.setup(app)  # chapter 9's calculator: Pyodide and budget.py in _static
-    provenance.setup(app)  # the provenance page's table
+    provenance.setup(app)  # the provenance page's table, and each chapter's running time at its top
     return {"parallel_read_safe": True, "parallel_write_safe": True}

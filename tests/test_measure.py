@@ -240,3 +240,48 @@ def test_print_record_prints_margins_only_after_a_check(monkeypatch, capsys):
     measure.check("x", 2.0, ">", 1.0)
     measure.print_record()
     assert capsys.readouterr().out.splitlines()[-1] == "      margins: x ×2.00 (2 > 1)"
+
+
+# ---- glue_measured: the one way a machine-dependent value reaches the prose ----
+
+def glued_record(monkeypatch, glue_fn, *args) -> str:
+    """The text/plain a chapter's glue output stores (what nbval compares), without a kernel."""
+    import myst_nb.ext.glue
+    shown = []
+    monkeypatch.setattr(myst_nb.ext.glue, "ipy_display", lambda bundle, **kw: shown.append(bundle))
+    glue_fn(*args)
+    (bundle,) = shown
+    return bundle[myst_nb.ext.glue.GLUE_PREFIX + "text/plain"]
+
+
+def sanitized(text: str) -> str:
+    """What nbval compares: the text after every rule of tests/nbval_sanitize.cfg, in order."""
+    import re
+
+    from nbval.plugin import get_sanitize_patterns
+
+    from bookbuild import book
+    for regex, replace in get_sanitize_patterns(book.SANITIZER.read_text(encoding="utf-8")):
+        text = re.sub(regex, replace, text)
+    return text
+
+
+def test_glue_measured_is_masked_and_a_plain_glued_string_is_compared(monkeypatch):
+    from myst_nb import glue
+    measured = [glued_record(monkeypatch, measure.glue_measured, "k", v, ".0f") for v in (183.4, 91.0)]
+    assert measured == ["('183')", "('91')"]
+    assert {sanitized(m) for m in measured} == {"('<measured>')"}  # another machine's value compares equal
+    quoted = glued_record(monkeypatch, measure.glue_measured, "k", "it's \"x\"")
+    assert sanitized(quoted) == "('<measured>')"
+    for fixed in ("9.44", "放得下", "B200 的 180 GB、H200 的 141 GB", "13%–14%"):  # fixed by formula: glue()
+        record = glued_record(monkeypatch, glue, "k", fixed, False)
+        assert record == repr(fixed) and sanitized(record) == record, record
+
+
+def test_glue_measured_reads_as_its_text_on_the_page(monkeypatch):
+    """myst-nb's {glue:text} literal-evaluates text/plain: the parentheses and quotes do not show."""
+    from myst_nb.core.variables import format_plain_text
+    for value, fmt in ((3.25, ".1f"), ("快了 34%", ""), ("it's \"x\"", "")):
+        record = glued_record(monkeypatch, measure.glue_measured, "k", value, fmt)
+        for spec in ("s", ""):  # {glue:text}`key` and {glue:text}`key:s`
+            assert format_plain_text(record, spec) == format(value, fmt)

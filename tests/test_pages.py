@@ -10,6 +10,8 @@
   glued "+--+" stays four signs).
 - Glued text carries no Markdown (a backtick or a $ shows literally in a {glue:text} value).
 - The UI strings are Chinese: the hidden cells' prompts and the search box.
+- Each chapter says on its first screen, right after its first paragraph, how long it took to execute and
+  on which CPU, linking to the provenance page (bookbuild/provenance.py).
 
 Uses the site and browser fixtures of tests/test_browser.py (a strict build of the book, served on
 127.0.0.1). The unit tests at the end need neither.
@@ -39,6 +41,10 @@ MEASURE_JS = """() => {
     glued: [...main.querySelectorAll('.pasted-text')].map(e => e.textContent),
     prompts: [...main.querySelectorAll('details.hide summary p')].map(e => e.textContent.trim()),
     search_box: [...document.querySelectorAll('input[name="q"]')].map(e => e.placeholder),
+    runtime: [...main.querySelectorAll('p.chapter-runtime')].map(e => ({
+      text: e.textContent, after: e.previousElementSibling?.tagName,
+      first_p: e === main.querySelector('section > p:not(.chapter-runtime)')?.nextElementSibling,
+      href: e.querySelector('a')?.getAttribute('href') ?? null})),
   };
 }"""
 
@@ -118,6 +124,20 @@ def test_ui_strings_are_chinese(measured):
         english = [p for p in m["prompts"] if re.search(r"[A-Za-z]{3,}", p)]
         assert not english, f"{docname}: English prompts {english}"
         assert all(box == pages.SEARCH_BOX for box in m["search_box"]), (docname, m["search_box"])
+
+
+def test_each_chapter_says_how_long_it_took_to_execute(measured):
+    chapters = {book.docname(md) for md in book.chapters()}
+    for (docname, width), m in measured.items():
+        if width != 1280:
+            continue
+        if docname not in chapters:
+            assert not m["runtime"], f"{docname} is not a chapter, yet says how long it took: {m['runtime']}"
+            continue
+        (said,) = m["runtime"]  # exactly one sentence, right after the first paragraph under the title
+        assert said["after"] == "P" and said["first_p"], f"{docname}: the sentence is not after the first paragraph"
+        assert "从头到尾执行用了" in said["text"] and " 核）" in said["text"], f"{docname}: {said['text']}"
+        assert said["href"] and said["href"].split("#")[0].endswith("provenance.html"), (docname, said["href"])
 
 
 # ---- no browser ----

@@ -113,3 +113,94 @@ def test_the_record_carries_the_tightest_margins_to_the_page(monkeypatch):
     monkeypatch.setattr(measure, "CHECKS", [])
     measure.check("gain", 300.0, ">", 100.0)
     assert provenance.parse_record(printed_record())["margins"] == "gain ×3.00 (300 > 100)"
+
+
+# ---- the sentence at the top of each chapter's page: how long it took to execute, and where ----
+
+HERE = {"CPU": "AMD EPYC", "CPU cores": "2", "python": "3.11.9", "torch": "2.5.1", "ISA": "AVX-512"}
+LINK = "本书的数字从哪里来"
+
+
+def test_duration_text():
+    assert provenance.duration_text(192.4) == "3 分 12 秒"
+    assert provenance.duration_text(45) == "45 秒"
+    assert provenance.duration_text(180) == "3 分"
+    assert provenance.duration_text(3720) == "1 小时 2 分"
+    assert provenance.duration_text(3601) == "1 小时 1 秒"
+    assert provenance.duration_text(0.2) == "不到 1 秒"
+
+
+def test_runtime_sentence_names_the_cpu_and_the_time():
+    for how in ("build", "earlier build", "nbval"):
+        assert provenance.runtime_sentence(how, 192.4, dict(HERE), HERE, LINK) == (
+            f"在构建本书的机器上（AMD EPYC，2 核），本章从头到尾执行用了 3 分 12 秒；你的机器上会不同，见{LINK}。")
+    other = provenance.runtime_sentence("nbval", 61, dict(HERE, CPU="Intel Xeon", **{"CPU cores": "16"}), HERE, LINK)
+    assert other == ("本页的输出来自另一台机器（Intel Xeon，16 核）上的一次执行，"
+                     f"本章在那里从头到尾执行用了 1 分 1 秒；你的机器上会不同，见{LINK}。")
+    assert "执行用时没有记录" in provenance.runtime_sentence("build", None, dict(HERE), HERE, LINK)
+    assert "没有留下实验记录" in provenance.runtime_sentence("build", 10, {}, HERE, LINK)
+    assert provenance.runtime_sentence("build", 10, dict(HERE), HERE, None).endswith("你的机器上会不同。")
+
+
+def test_runtime_sentence_says_plainly_when_nothing_ran():
+    failed = provenance.runtime_sentence("failed", None, {}, HERE, LINK)
+    assert failed == f"构建本书时本章执行失败，页面上没有它的输出；见{LINK}。"
+    not_run = provenance.runtime_sentence("not executed", None, {}, HERE, None)
+    assert not_run == "构建本书时没有执行本章，页面上没有它的输出。"
+    assert all(h in provenance.HOW for h in ("failed", "not executed", "build", "earlier build", "nbval"))
+
+
+def chapter_doctree(*children):
+    """A page as the build reads it: a level-1 section with its title and `children`."""
+    from docutils import nodes
+    from docutils.frontend import get_default_settings
+    from docutils.parsers.rst import Parser
+    from docutils.utils import new_document
+    doc = new_document("test", get_default_settings(Parser))
+    section = nodes.section()
+    section += nodes.title(text="第1章　数据与模型")
+    section += list(children)
+    doc += section
+    return doc, section
+
+
+def test_the_sentence_goes_after_the_first_paragraph_under_the_title():
+    from docutils import nodes
+    cell = nodes.container(classes=["cell"])
+    doc, section = chapter_doctree(nodes.paragraph(text="第一段"), cell, nodes.paragraph(text="第二段"))
+    para = provenance.runtime_paragraph(f"用了 3 秒；见{LINK}。", LINK, "provenance.html")
+    provenance.insert_after_first_paragraph(doc, para)
+    texts = [c.astext() for c in section.children]
+    assert texts == ["第1章　数据与模型", "第一段", f"用了 3 秒；见{LINK}。", "", "第二段"]  # "": the cell
+    assert section[2]["classes"] == [provenance.RUNTIME_CLASS]
+    (ref,) = section[2].findall(nodes.reference)
+    assert ref.astext() == LINK and ref["refuri"] == "provenance.html"
+
+    sub = nodes.section()  # no paragraph before the first subsection: right below the title
+    sub += [nodes.title(text="1.1"), nodes.paragraph(text="小节的段落")]
+    doc, section = chapter_doctree(nodes.container(), sub)
+    provenance.insert_after_first_paragraph(doc, provenance.runtime_paragraph("一句话。", None, None))
+    assert [c.astext() for c in section.children][:2] == ["第1章　数据与模型", "一句话。"]
+    assert len(sub.children) == 2
+
+
+def test_each_chapter_page_gets_its_own_sentence(monkeypatch):
+    """add_runtime_sentence, as the build calls it once a chapter's page is resolved."""
+    from types import SimpleNamespace
+
+    from docutils import nodes
+    first, second = (book.docname(md) for md in book.chapters()[:2])
+    rows = [{"docname": first, "run": {"how": "build", "seconds": 192.4, "record": dict(HERE)}},
+            {"docname": second, "run": {"how": "failed", "seconds": None, "record": {}}}]
+    app = SimpleNamespace(provenance_rows=(rows, HERE),
+                          env=SimpleNamespace(titles={"chapters/provenance": nodes.title(text=LINK)}),
+                          builder=SimpleNamespace(get_relative_uri=lambda a, b: f"../{b}.html"))
+    monkeypatch.setattr(provenance, "pages_with_the_table", lambda app, env: ["chapters/provenance"])
+    for docname, says in ((first, "从头到尾执行用了 3 分 12 秒"), (second, "执行失败")):
+        doc, section = chapter_doctree(nodes.paragraph(text="引言"))
+        provenance.add_runtime_sentence(app, doc, docname)
+        assert says in section[2].astext() and section[2]["classes"] == [provenance.RUNTIME_CLASS]
+        assert next(section[2].findall(nodes.reference))["refuri"] == "../chapters/provenance.html"
+    doc, section = chapter_doctree(nodes.paragraph(text="术语"))
+    provenance.add_runtime_sentence(app, doc, "chapters/glossary")  # not a chapter: nothing added
+    assert len(section.children) == 2
