@@ -17,7 +17,7 @@ to see what it costs) and --show-data-order (DistributedSampler with and without
 plain shuffled DataLoader; no training).
 
 --bench-all-reduce times the collective DDP is built on, an all-reduce of fp32 tensors from kilobytes
-to tens of megabytes, and fits the ring model t = α + 2(N-1)/N · bytes / bandwidth to the fastest calls.
+to tens of megabytes, and fits the ring model t = α + 2(G-1)/G · M / W to the fastest calls.
 """
 import contextlib
 import sys
@@ -396,7 +396,7 @@ def bench_all_reduce(sizes: list, repeats: int = 5, rounds: int = 10, warmup: in
 
 
 def ring_bytes(size: float, world: int) -> float:
-    """Bytes each rank sends in a ring all-reduce of `size` bytes: 2(N-1)/N · size, the formula budget.py
+    """Bytes each rank sends in a ring all-reduce of `size` bytes: 2(G-1)/G · size over G ranks, the formula budget.py
     charges a DDP step with."""
     import budget
     return budget.ring_all_reduce_bytes(size, world)
@@ -454,10 +454,10 @@ def report_all_reduce(args, rank: int, world: int):
     for b, f, m, (even, odd) in zip(args.sizes, s["fastest"], s["medians"], s["halves"]):
         print(f"  {b:>11,}  {f * 1e3:9.3f} ms  {m * 1e3:9.3f} ms  {even * 1e3:13.3f} ms / {odd * 1e3:9.3f} ms")
     if s["alpha"] > 0 and s["bandwidth"] > 0:
-        print(f"fit t = α + 2(N-1)/N · bytes / bandwidth to the fastest: α {s['alpha'] * 1e6:.0f} µs, bandwidth "
+        print(f"fit t = α + 2(G-1)/G · M / W to the fastest: α {s['alpha'] * 1e6:.0f} µs, bandwidth "
               f"{s['bandwidth'] / 1e9:.2f} GB/s, equal terms at {s['crossover'] / 1e3:,.0f} kB")
     else:  # noise larger than what the sizes tell apart
-        print("fit t = α + 2(N-1)/N · bytes / bandwidth: no positive α and bandwidth fit these times; "
+        print("fit t = α + 2(G-1)/G · M / W: no positive α and bandwidth fit these times; "
               "measure sizes further apart (kilobytes to tens of megabytes) or more rounds")
     if args.out:
         save_atomic({"world": world, "sizes": args.sizes, "rounds": rounds, "repeats": len(times[0]) // rounds,

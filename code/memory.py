@@ -674,7 +674,7 @@ def textbook_sent_bytes(n_params: float, gpus: int, scheme: str, layout: str = "
         return 0.0
     per = bytes_per_param(layout, fp32_grads)
     weights, grads = n_params * per["weights"], n_params * per["grads"]
-    half = (gpus - 1) / gpus  # a reduce-scatter or an all-gather: (N-1)/N of a message
+    half = (gpus - 1) / gpus  # a reduce-scatter or an all-gather: (G-1)/G of a message
     sent = {"ddp": 2 * half * grads,
             "zero1": half * (grads + weights),
             "zero2": half * (grad_accum * grads + weights),
