@@ -1,8 +1,9 @@
 /* Chapter 9's budget calculator: code/budget.py itself, run in the browser by Pyodide.
  *
  * The form is built from budget.build_parser() (every flag, its choices, default and help), the text is
- * what budget.main(argv) prints, and the two plots draw budget.page(argv). Nothing here computes a
- * figure. The runtime and the modules come from this build's _static (bookbuild/pyodide.py), never a CDN.
+ * what budget.main(argv) prints, and the two plots draw budget.page(argv): the memory figure exactly as
+ * budget.memory_figure laid it out (every bar, line and label in pixels), the time plot from its sweep.
+ * Nothing here computes a figure. The runtime and the modules come from this build's _static (bookbuild/pyodide.py), never a CDN.
  * window.budgetCalculator exposes the state and the last result (tests/test_calculator.py reads it).
  */
 (function () {
@@ -13,26 +14,27 @@
 
   // ---- how the form presents the parser's flags (labels, grouping, sliders); not what they mean ----
   const LABELS = {
-    "--params": "参数量 N", "--d-model": "隐藏维度 h", "--n-layer": "层数 L", "--n-head": "注意力头数",
+    "--model": "命名模型", "--params": "参数量 N", "--d-model": "隐藏维度 h", "--n-layer": "层数 L", "--n-head": "注意力头数",
     "--vocab-size": "词表大小 V", "--gpus": "GPU 数量", "--gpu": "GPU 型号", "--peak-tflops": "自定义峰值（TFLOP/s）",
     "--memory-gb": "自定义显存（GB）", "--mfu": "MFU", "--tokens-per-param": "每个参数的 token 数",
     "--tokens": "训练 token 数 D", "--seq-len": "序列长度 s", "--micro-batch": "微批次 b", "--layout": "精度布局",
     "--fp32-grads": "fp32 梯度", "--checkpoint-activations": "激活检查点", "--price-per-gpu-hour": "每 GPU 小时的价格",
     "--grad-accum": "梯度累积步数", "--link-gb-s": "卡间带宽（GB/s，单向）", "--gpus-per-node": "每台机器的 GPU 数",
     "--node-link-gbit": "机间网口（Gb/s）", "--grad-sync": "FSDP 累积时的梯度同步",
+    "--global-batch-tokens": "全局批次（token/步）",
   };
   // Flags in no section go to the "advanced" fold, so a flag added to budget.py shows up there by itself.
   const SECTIONS = [
-    ["模型", ["--params", "--d-model", "--n-layer", "--vocab-size"]],
+    ["模型", ["--model", "--params", "--d-model", "--n-layer", "--vocab-size"]],
     ["硬件", ["--gpus", "--gpu", "--peak-tflops", "--memory-gb", "--mfu"]],
-    ["数据与批次", ["--tokens-per-param", "--tokens", "--seq-len", "--micro-batch"]],
+    ["数据与批次", ["--tokens-per-param", "--tokens", "--seq-len", "--micro-batch", "--global-batch-tokens"]],
     ["显存与价格", ["--layout", "--checkpoint-activations", "--price-per-gpu-hour"]],
   ];
   const SLIDERS = {  // log2: the slider moves by powers of two, the box beside it takes any value
     "--gpus": { min: 0, max: 12, log2: true }, "--micro-batch": { min: 0, max: 7, log2: true },
     "--seq-len": { min: 7, max: 15, log2: true }, "--mfu": { min: 0.05, max: 0.8, step: 0.01 },
   };
-  // The chapter's own example (8 × H100, a 1B model): python code/budget.py --d-model 2048 --n-layer 20 ...
+  // The chapter's own example (8 × H100, a 1B model on the book's tokenizer): python code/budget.py --d-model 2048 --n-layer 20 ...
   const INITIAL = { "--d-model": "2048", "--n-layer": "20", "--gpus": "8", "--gpu": "H100", "--mfu": "0.4",
                     "--seq-len": "2048", "--micro-batch": "8" };
   const PART_COLORS = ["#3b6fb6", "#6d9fd8", "#a3c4ea", "#3f8f4e", "#7fb86a", "#b5d88e", "#8e6bb8",
@@ -213,7 +215,7 @@ def calculator_run(argv_json):
     let input;
     if (f.choices) {
       input = h("select", { id, "data-flag": f.flag },
-        h("option", { value: "", text: `默认（${f.default}）` }), f.choices.map((c) => h("option", { value: c, text: c })));
+        h("option", { value: "", text: f.default === null ? "不指定" : `默认（${f.default}）` }), f.choices.map((c) => h("option", { value: c, text: c })));
     } else {  // text, not type=number: whatever the reader types reaches argparse, which judges it
       input = h("input", { type: "text", id, "data-flag": f.flag, inputmode: "decimal", autocomplete: "off",
                            spellcheck: "false", placeholder: f.default === null ? "" : `默认 ${f.default}` });
@@ -269,58 +271,49 @@ def calculator_run(argv_json):
       h("svg:title", { text: label }));
   }
 
+  // The memory figure as budget.memory_figure laid it out (pixels, y downwards): this only draws it.
   function memoryPlot(page, selected) {
-    const schemes = Object.keys(page.memory);
-    const parts = [];
-    for (const s of schemes) for (const p of Object.keys(page.memory[s])) if (!parts.includes(p)) parts.push(p);
-    const totals = schemes.map((s) => Object.values(page.memory[s]).reduce((a, b) => a + b, 0));
-    if (!parts.length) {
+    const fig = page.memory_figure;
+    if (!fig) {
       const note = "没有形状（--d-model 和 --n-layer）就没有激活，所以这里不画每卡显存的分解；上面的表给出了模型状态。";
       return h("p", { class: "calc-note", text: note });
     }
     const label = "每张 GPU 的显存（GB），按部分堆叠，每种分片方式一根柱：" +
-      schemes.map((s, i) => `${s} 共 ${fmt(totals[i])} GB`).join("，") +
+      fig.bars.map((b) => `${b.scheme} 共 ${b.label.text} GB`).join("，") +
       (page.memory_gb === null ? "；没有给出显存大小" : `；GPU 显存 ${fmt(page.memory_gb)} GB，可用的 90% 是 ${fmt(page.usable_gb)} GB`) +
       `；突出显示 ${selected}。`;
-    const W = 640, H = 330, L = 56, R = 150, T = 22, B = 36;
-    const svg = frame(W, H, label);
-    const ymax = Math.max(...totals, page.memory_gb || 0) * 1.08 || 1;
-    const y = (v) => T + (H - T - B) * (1 - v / ymax);
-    const band = (W - L - R) / schemes.length, bw = band * 0.56;
-    for (const t of axisTicks(0, ymax)) {
-      svg.append(h("svg:line", { x1: L, x2: W - R, y1: y(t), y2: y(t), class: "calc-grid" }),
-        h("svg:text", { x: L - 6, y: y(t) + 4, "text-anchor": "end", class: "calc-tick", text: fmt(t) }));
+    const svg = frame(fig.width, fig.height, label);
+    const text = (t, cls) => h("svg:text", { x: t.x, y: t.y, "text-anchor": t.anchor, class: cls, text: t.text });
+    const [L, , R] = fig.plot;
+    for (const t of fig.ticks) {
+      svg.append(h("svg:line", { x1: L, x2: R, y1: t.y, y2: t.y, class: "calc-grid" }), text(t.label, "calc-tick"));
     }
-    svg.append(h("svg:text", { x: 14, y: (T + H - B) / 2, transform: `rotate(-90 14 ${(T + H - B) / 2})`,
-      "text-anchor": "middle", class: "calc-axis-label", text: "GB per GPU at the step's peak" }));
-    schemes.forEach((s, i) => {
-      const x0 = L + band * i + (band - bw) / 2;
-      const g = h("svg:g", { class: "calc-bar" + (s === selected ? " calc-selected" : ""), "data-scheme": s });
-      let acc = 0;
-      parts.forEach((p, k) => {
-        const v = page.memory[s][p] || 0;
-        if (v > 0) g.append(h("svg:rect", { x: x0, width: bw, y: y(acc + v), height: y(acc) - y(acc + v),
-          fill: PART_COLORS[k % PART_COLORS.length], class: "calc-seg", "data-part": p, "data-gb": v },
-          h("svg:title", { text: `${s}: ${p} ${fmt(v)} GB` })));
-        acc += v;
-      });
-      g.append(h("svg:text", { x: x0 + bw / 2, y: y(totals[i]) - 5, "text-anchor": "middle", class: "calc-value", text: fmt(totals[i]) }),
-        h("svg:text", { x: x0 + bw / 2, y: H - B + 16, "text-anchor": "middle", class: "calc-tick", text: s }));
-      svg.append(g);
-    });
-    if (page.memory_gb !== null) {
-      for (const [v, cls, text] of [[page.memory_gb, "calc-limit", `GPU memory ${fmt(page.memory_gb)} GB`],
-                                    [page.usable_gb, "calc-limit calc-dashed", `usable 90%: ${fmt(page.usable_gb)} GB`]]) {
-        svg.append(h("svg:line", { x1: L, x2: W - R, y1: y(v), y2: y(v), class: cls }),
-          h("svg:text", { x: W - R - 4, y: y(v) - 4, "text-anchor": "end", class: "calc-tick calc-limit-label", text }));
+    const axis = fig.axis_label;
+    svg.append(h("svg:text", { x: axis.x, y: axis.y, transform: `rotate(-90 ${axis.x} ${axis.y})`,
+      "text-anchor": axis.anchor, class: "calc-axis-label", text: axis.text }));
+    for (const b of fig.bars) {
+      const g = h("svg:g", { class: "calc-bar" + (b.scheme === selected ? " calc-selected" : ""), "data-scheme": b.scheme });
+      for (const seg of b.segments) {
+        g.append(h("svg:rect", { x: b.x, width: b.width, y: seg.y, height: seg.height,
+          fill: PART_COLORS[seg.color % PART_COLORS.length], class: "calc-seg", "data-part": seg.part, "data-gb": seg.gb },
+          h("svg:title", { text: `${b.scheme}: ${seg.part} ${fmt(seg.gb)} GB` })));
       }
+      svg.append(g);
+    }
+    for (const row of fig.limits) {
+      svg.append(h("svg:line", { x1: row.x1, x2: row.x2, y1: row.y, y2: row.y, class: "calc-limit" + (row.dashed ? " calc-dashed" : "") }),
+        text(row.label, "calc-tick calc-limit-label"));
+    }
+    for (const b of fig.bars) {  // after the lines: a label is never under one (and never touches one)
+      svg.append(h("svg:g", { class: "calc-bar-labels" + (b.scheme === selected ? " calc-selected" : ""), "data-scheme-label": b.scheme },
+        text(b.label, "calc-value calc-limit-label"), text(b.tick, "calc-tick")));
     }
     const legend = h("svg:g", { class: "calc-legend" });
-    [...parts].reverse().forEach((p, j) => {
-      const k = parts.indexOf(p), ly = T + 8 + j * 16;
-      legend.append(h("svg:rect", { x: W - R + 6, y: ly - 9, width: 10, height: 10, fill: PART_COLORS[k % PART_COLORS.length] }),
-        h("svg:text", { x: W - R + 20, y: ly, class: "calc-tick", text: p }));
-    });
+    for (const e of fig.legend) {
+      const [x, y, w, hh] = e.swatch;
+      legend.append(h("svg:rect", { x, y, width: w, height: hh, fill: PART_COLORS[e.color % PART_COLORS.length] }),
+        text(e.label, "calc-tick"));
+    }
     svg.append(legend);
     return svg;
   }
@@ -338,7 +331,7 @@ def calculator_run(argv_json):
       series.slice(1).map((s) => `，${s.scheme} 加通信 ${fmt(s.values[at])} 小时`).join("") +
       (series.length === 1 ? "（卡间带宽未知，没有通信时间）" : "") +
       (hasCost ? `；下图是费用，${page.gpus} 张卡 ${fmt(sw.cost[at])}` : "；没有给出价格，不画费用") + `；突出显示 ${selected}。`;
-    const W = 640, top = 230, gap = 48, bottom = hasCost ? 150 : 0, H = top + bottom + 40, L = 56, R = 175, T = 16;
+    const W = 660, top = 230, gap = 48, bottom = hasCost ? 150 : 0, H = top + bottom + 40, L = 56, R = 200, T = 16;
     const svg = frame(W, H, label);
     const lx = (g) => L + (W - L - R) * (Math.log2(g) - Math.log2(xs[0])) / (Math.log2(xs[xs.length - 1]) - Math.log2(xs[0]) || 1);
     const panel = (y0, y1, values, ylabel) => {
@@ -357,27 +350,27 @@ def calculator_run(argv_json):
     };
     const line = (y, values, attrs) => h("svg:polyline", { ...attrs,
       points: xs.map((g, i) => `${lx(g).toFixed(1)},${y(values[i]).toFixed(1)}`).join(" ") });
-    const yh = panel(T, top, series.map((s) => s.values), "hours (log)");
-    series.forEach((s, j) => {
-      const selectedSeries = s.scheme === selected;
-      svg.append(line(yh, s.values, { class: "calc-series " + (s.cls || "") + (selectedSeries ? " calc-selected" : ""),
-        stroke: s.color || null, "data-series": s.name }));
-      const ly = T + 10 + j * 16;
-      svg.append(h("svg:line", { x1: W - R + 6, x2: W - R + 22, y1: ly - 4, y2: ly - 4, stroke: s.color || null,
-        class: "calc-series " + (s.cls || "") + (selectedSeries ? " calc-selected" : "") }),
-        h("svg:text", { x: W - R + 26, y: ly, class: "calc-tick", text: s.name }));
+    // The legend, in the right margin, gives each line's value at this many GPUs: no label floats among the lines.
+    const key = (y0, rows) => rows.forEach((r, j) => {
+      const ly = y0 + 10 + j * 16, cls = "calc-series " + (r.cls || "") + (r.scheme && r.scheme === selected ? " calc-selected" : "");
+      svg.append(h("svg:line", { x1: W - R + 6, x2: W - R + 22, y1: ly - 4, y2: ly - 4, stroke: r.color || null, class: cls }),
+        h("svg:text", { x: W - R + 26, y: ly, class: "calc-tick", text: r.text }));
     });
-    const mark = (y, v, text) => [h("svg:circle", { cx: lx(page.gpus), cy: y(v), r: 3.5, class: "calc-dot" }),
-      h("svg:text", { x: lx(page.gpus) + 6, y: y(v) - 7, class: "calc-tick calc-limit-label", text })];
-    svg.append(...mark(yh, sw.hours[at], `${fmt(sw.hours[at])} h`));
+    const yh = panel(T, top, series.map((s) => s.values), "hours (log)");
+    series.forEach((s) => svg.append(line(yh, s.values, { class: "calc-series " + (s.cls || "") + (s.scheme === selected ? " calc-selected" : ""),
+      stroke: s.color || null, "data-series": s.name })));
+    key(T, series.map((s) => ({ ...s, text: `${s.name}: ${fmt(s.values[at])} h` })));
+    const dot = (y, v) => h("svg:circle", { cx: lx(page.gpus), cy: y(v), r: 3.5, class: "calc-dot" });
+    svg.append(dot(yh, sw.hours[at]));
     if (hasCost) {
       const costs = series.slice(1).map((s) => ({ ...s, values: sw.cost_with_comm[s.scheme] }));
       const yc = panel(top + gap, top + bottom, [sw.cost, ...costs.map((s) => s.values)], "cost (log)");
       svg.append(line(yc, sw.cost, { class: "calc-series calc-compute", "data-series": "cost" }));
       costs.forEach((s) => svg.append(line(yc, s.values, { class: "calc-series" + (s.scheme === selected ? " calc-selected" : ""),
         stroke: s.color, "data-series": `${s.scheme} cost + comm` })));
-      svg.append(h("svg:text", { x: W - R + 6, y: top + gap + 14, class: "calc-tick", text: "cost: same lines" }),
-        ...mark(yc, sw.cost[at], fmt(sw.cost[at])));
+      key(top + gap, [{ ...series[0], text: `compute only: ${fmt(sw.cost[at])}` },
+        ...costs.map((s) => ({ ...s, text: `${s.name}: ${fmt(s.values[at])}` }))]);
+      svg.append(dot(yc, sw.cost[at]));
     }
     svg.append(h("svg:line", { x1: lx(page.gpus), x2: lx(page.gpus), y1: T, y2: H - 40, class: "calc-now" }));
     xs.forEach((g) => svg.append(h("svg:text", { x: lx(g), y: H - 24, "text-anchor": "middle", class: "calc-tick" + (g === page.gpus ? " calc-now-label" : ""), text: String(g) })));

@@ -2,10 +2,15 @@
 
     python code/budget.py                                  # the rule of thumb's table, then the corrected one
     python code/budget.py --params 1e9 --gpus 8 --gpu H100 --d-model 2048 --n-layer 20
+    python code/budget.py --model 124M --gpus 1 --gpu RTX3060 --micro-batch 8    # the seed's 12 GB question
     python code/budget.py --d-model 768 --n-layer 12 --vocab-size 50257 --gpus 1 --gpu RTX4090 \
         --seq-len 1024 --micro-batch 8 --tokens 3e9 --price-per-gpu-hour 0.6 --checkpoint-activations
 
 What it assumes (each one a flag where a reader may differ):
+  model       --model names a shape with its vocabulary and context (GPT-2's four sizes on GPT-2's 50,257
+              tokens, the reference 1.3B and 7B, the book's own two models on its 8,192); a shape given
+              with --d-model and --n-layer that is a named model's takes that model's vocabulary, any
+              other shape the book's 8,192 (train_gpu.py's default), unless --vocab-size says otherwise;
   compute     FLOPs per token = 6N + 12·L·s·h (forward 2N, backward 4N, plus attention's QKᵀ and PV,
               which no parameter counts) when the shape is given; 6N when only --params is;
   data        D = 20·N tokens (Chinchilla's compute-optimal ratio) unless --tokens is given;
@@ -17,10 +22,14 @@ What it assumes (each one a flag where a reader may differ):
               the logits over --vocab-size and the loss's temporaries; --checkpoint-activations;
   fits        GB = 1e9 bytes; a run fits when the ledger's peak stays under 90 % of the GPU's memory
               (the rest: the CUDA context, the allocator's fragmentation, backward's short-lived buffers).
+  batch       the global batch: GPT-3's for the nearest size (Brown et al. 2020, Table 2.1; 0.5M tokens
+              up to 760M parameters, 1M at 1.3B, 2M at 6.7B) rounded to a multiple of 2^18 tokens, unless
+              --global-batch-tokens or --grad-accum is given; the accumulation is the whole number of
+              micro-batches nearest it, and every memory and communication row is computed with it;
   command     the train_gpu.py command of the first scheme that fits (ZeRO-1 has no flag: the closest,
               --shard fsdp --no-reshard-after-forward, is printed with what it costs), with this shape,
-              micro-batch, global batch in tokens and --checkpoint-activations;
-  step        one optimizer step = GPUs × micro-batch × seq-len × --grad-accum tokens; its compute time
+              vocabulary, micro-batch, global batch in tokens and --checkpoint-activations;
+  step        one optimizer step = GPUs × micro-batch × seq-len × accumulation tokens; its compute time
               at this MFU, beside the time its communication takes over the GPU's link (code/gpus.py,
               per direction; across machines the slower of it and --node-link-gbit) with ring
               collectives and nothing overlapped, counted by memory.Run as train_gpu.py sends it: DDP one
@@ -51,7 +60,10 @@ USABLE_FRACTION = 0.9
 GB = 1e9
 DEFAULT_MFU = 0.40
 DEFAULT_TOKENS_PER_PARAM = 20
-REFERENCE_VOCAB = 50257  # GPT-2's tokenizer, for every reference row of the corrected table
+GPT2_VOCAB = 50257  # GPT-2's tokenizer (Radford et al. 2019): every reference row of the corrected table
+REFERENCE_VOCAB = GPT2_VOCAB
+BOOK_VOCAB = 8192  # the book's tokenizer, and train_gpu.py's --vocab-size default
+DEFAULT_SEQ_LEN = 2048
 DEFAULT_GPUS_PER_NODE = 8
 # one 400 Gb/s InfiniBand (NDR) port per GPU, as NVIDIA's DGX H100 has (8 ConnectX-7, DGX H100 datasheet)
 DEFAULT_NODE_LINK_GBIT = 400
@@ -79,6 +91,78 @@ REFERENCE = (
     Scenario("7B (h 4096, L 32, s 4096, b 2)", 7e9, 4096, 32, 32, 4096, 2, 64),
 )
 H100 = GPUS["h100"]
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    """A model --model can name: its shape, the vocabulary it was made with, its context (the default
+    --seq-len) and where these come from."""
+    d_model: int
+    n_layer: int
+    n_head: int
+    seq_len: int
+    vocab_size: int
+    source: str
+
+
+# GPT-2's four sizes (Radford et al. 2019, Table 2: layers and width; vocabulary 50,257, context 1,024;
+# heads from the released configs), built as this book's model (SwiGLU, RMSNorm, RoPE, tied embedding),
+# so "124M" counts 123.6M parameters; the reference table's 1.3B and 7B shapes; and the book's own two
+# models on its own tokenizer (model.GPTConfig's default and train_gpu.py's; tests/test_budget.py checks both).
+MODELS = {
+    "124M": NamedModel(768, 12, 12, 1024, GPT2_VOCAB, "GPT-2 124M"),
+    "350M": NamedModel(1024, 24, 16, 1024, GPT2_VOCAB, "GPT-2 350M"),
+    "774M": NamedModel(1280, 36, 20, 1024, GPT2_VOCAB, "GPT-2 774M"),
+    "1.5B": NamedModel(1600, 48, 25, 1024, GPT2_VOCAB, "GPT-2 1.5B"),
+    **{sc.label.split()[0]: NamedModel(sc.d_model, sc.n_layer, sc.n_head, sc.seq_len, GPT2_VOCAB,
+                                       f"the reference {sc.label.split()[0]}") for sc in REFERENCE[1:]},
+    "book-1.8M": NamedModel(128, 4, 4, 128, BOOK_VOCAB, "the book's default model"),
+    "book-29M": NamedModel(512, 8, 8, 512, BOOK_VOCAB, "train_gpu.py's default model"),
+}
+VOCAB_NAMES = {GPT2_VOCAB: "GPT-2's tokenizer", BOOK_VOCAB: "the book's tokenizer"}
+
+
+def named_model(d_model: int, n_layer: int) -> str | None:
+    """The name of the model whose width and depth these are (None: no model --model names)."""
+    return next((k for k, m in MODELS.items() if (m.d_model, m.n_layer) == (d_model, n_layer)), None)
+
+
+def vocabulary(vocab_size: int | None, model: str | None, d_model: int | None, n_layer: int | None) -> tuple:
+    """(vocabulary, why): --vocab-size when given; else the named model's (--model, or a shape that is a
+    named model's: 768 × 12 is GPT-2 124M, so GPT-2's 50,257); else the book's 8,192, train_gpu.py's
+    default. None without a shape: with the size alone there are no logits to count."""
+    if vocab_size is not None:
+        return vocab_size, "--vocab-size"
+    name = model or (named_model(d_model, n_layer) if d_model is not None else None)
+    if name is not None:
+        m = MODELS[name]
+        how = f"--model {name}" if model else f"h {m.d_model}, L {m.n_layer} is {m.source}'s shape"
+        return m.vocab_size, f"{VOCAB_NAMES[m.vocab_size]}, as {m.source} has ({how}; --vocab-size changes it)"
+    if d_model is None:
+        return None, ""
+    return BOOK_VOCAB, f"{VOCAB_NAMES[BOOK_VOCAB]}, train_gpu.py's default (--vocab-size changes it)"
+
+
+# Tokens per optimizer step by model size: GPT-3's batch sizes (Brown et al. 2020, "Language Models are
+# Few-Shot Learners", Table 2.1: 0.5M tokens from 125M to 760M parameters, 1M at 1.3B and 2.7B, 2M at
+# 6.7B and 13B, 3.2M at 175B), each rounded to a multiple of 2^18 tokens: 0.5M is 524,288, the batch
+# of nanoGPT's and nanochat's GPT-2 runs and train_gpu.py's default.
+GPT3_BATCH = ((125e6, 0.5e6), (350e6, 0.5e6), (760e6, 0.5e6), (1.3e9, 1e6), (2.7e9, 1e6), (6.7e9, 2e6),
+              (13e9, 2e6), (175e9, 3.2e6))
+BATCH_QUANTUM = 2 ** 18
+GPT3_BATCH_NAMES = {size: f"{batch / 1e6:g}M tokens" for size, batch in GPT3_BATCH}
+
+
+def reference_batch_tokens(n_params: float) -> tuple:
+    """(tokens per step, the GPT-3 size it comes from): the batch of the GPT-3 model nearest in size
+    (by ratio), rounded to a multiple of 2^18 tokens."""
+    size, batch = min(GPT3_BATCH, key=lambda row: (abs(math.log(n_params / row[0])), -row[0]))
+    return max(1, round(batch / BATCH_QUANTUM)) * BATCH_QUANTUM, size
+
+
+def accumulation(target_tokens: float, per_micro: int) -> int:
+    """Micro-batches per GPU per step that come nearest the target global batch (at least one)."""
+    return max(1, round(target_tokens / per_micro))
 
 
 def train_hours(flops: float, gpus: int, peak_flops: float, mfu: float) -> float:
@@ -330,13 +414,18 @@ def report(est: dict, gpu_label: str, peak_flops: float, mfu: float, memory_gb, 
     else:
         compute = (f"compute     (6N + 12·L·s·h)·D = {sci(est['flops'], 2)} FLOPs "
                    f"(attention {est['attention_share']:.1%} of it)")
+    named = MODELS.get(est.get("model") or "")
     lines = [
-        f"model       {n / 1e9:.3f}B parameters, {d / 1e9:.1f}B tokens ({d / n:.1f} tokens/param)",
+        f"model       {n / 1e9:.3f}B parameters"
+        + (f" (--model {est['model']}: {named.source}, h {named.d_model}, L {named.n_layer}, {named.n_head} heads)"
+           if named else "") + f", {d / 1e9:.1f}B tokens ({d / n:.1f} tokens/param)",
         compute,
         f"hardware    {est['gpus']} × {gpu_label}: {peak_flops / 1e12:.1f} TFLOP/s {peak_label} each, "
         f"MFU {mfu:.0%} → {est['gpus'] * peak_flops * mfu / 1e12:.0f} TFLOP/s achieved",
         f"time        {est['hours']:,.2f} hours ({est['hours'] / 24:,.2f} days), {est['gpu_hours']:,.1f} GPU-hours",
     ]
+    if est.get("vocab_size") is not None and est["attention_share"] is not None:
+        lines.insert(1, f"vocabulary  {est['vocab_size']:,}: {est['vocab_source']}")
     if est["cost"] is not None:
         lines.append(f"cost        {est['cost']:,.0f} (GPU-hours × price per GPU-hour)")
     lines.append(f"memory per GPU (GB): {memory_label(layout, fp32_grads)}; activations of eager autograd "
@@ -346,7 +435,7 @@ def report(est: dict, gpu_label: str, peak_flops: float, mfu: float, memory_gb, 
     limit = None if memory_gb is None else USABLE_FRACTION * memory_gb
     header = f"  {'scheme':<12} {'state':>8} {'activations':>12} {'logits':>8} {'total':>8}"
     if limit is not None:
-        header += f"   fits {limit:.0f} of {memory_gb:g} GB?  max micro-batch"
+        header += f"   fits {limit:.3g} of {memory_gb:g} GB?  max micro-batch"
     lines.append(header)
     for scheme, m in est["memory"].items():
         row = (f"  {memory.SCHEME_NAMES[scheme]:<12} {m['state'] / GB:>8.2f} {_cell(m['activations'], 12)} "
@@ -374,12 +463,30 @@ def report(est: dict, gpu_label: str, peak_flops: float, mfu: float, memory_gb, 
     return "\n".join(lines)
 
 
+def _size(n: float) -> str:
+    return f"{n / 1e6:g}M" if n < 1e9 else f"{n / 1e9:g}B"
+
+
+def _batch_line(st: dict, gpus: int) -> str:
+    """Where the global batch comes from, and what the whole micro-batches make of it."""
+    source, target, tokens = st["batch_source"], st["target_tokens"], st["tokens"]
+    if source.startswith("--grad-accum"):
+        return f"batch       {tokens:,} tokens per step ({source})"
+    if tokens > target and st["grad_accum"] == 1 and tokens >= 1.5 * target:
+        return (f"batch       {tokens:,} tokens per step: one micro-batch on every GPU, more than the {target:,.0f} "
+                f"asked ({source}); lower --micro-batch or use fewer GPUs for a smaller batch")
+    near = "" if tokens == target else f", the whole number of micro-batches nearest {target:,.0f}"
+    return (f"batch       {tokens:,} tokens per step{near}: {source}; --global-batch-tokens or --grad-accum "
+            f"changes it")
+
+
 def _step_lines(est: dict, link_label: str) -> list:
     st = est["step"]
-    lines = [f"step        {est['gpus']} GPU{'s' if est['gpus'] > 1 else ''} × {st['grad_accum']} micro-batch"
+    lines = [] if "batch_source" not in st else [_batch_line(st, est["gpus"])]
+    lines += [f"step        {est['gpus']} GPU{'s' if est['gpus'] > 1 else ''} × {st['grad_accum']} micro-batch"
              f"{'es' if st['grad_accum'] > 1 else ''} × {st['micro_batch']} sequences × {st['seq_len']} tokens = "
              f"{st['tokens']:,} tokens; {st['compute_s'] * 1e3:,.1f} ms of compute at this MFU; "
-             f"{st['steps']:,.0f} steps"]
+             f"{math.ceil(st['steps']):,} steps"]
     if est["gpus"] == 1:
         lines.append("comm        none: one GPU")
         return lines
@@ -455,13 +562,21 @@ def _mfu(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="budget.py", description="Estimate compute, time, cost and memory of a GPT training run. "
                            "With no arguments: print the rule of thumb's reference table and the corrected one.")
+    p.add_argument("--model", choices=tuple(MODELS),
+                   help="a named model: its shape, vocabulary and context (the default --seq-len): "
+                        + "; ".join(f"{k} {m.source} (h {m.d_model}, L {m.n_layer}, V {m.vocab_size:,}, "
+                                    f"s {m.seq_len})" for k, m in MODELS.items())
+                        + ". Or give the shape with --d-model and --n-layer")
     p.add_argument("--params", type=positive, help="parameters N (e.g. 1.3e9 or 1.3B); default: from the shape")
     p.add_argument("--d-model", type=positive_int,
                    help="hidden size h (with --n-layer: the shape, for FLOPs and memory)")
     p.add_argument("--n-layer", type=positive_int, help="layers L")
     p.add_argument("--n-head", type=positive_int, help="attention heads (default: d-model / 64)")
-    p.add_argument("--vocab-size", type=positive_int, default=8192,
-                   help="vocabulary V: the logits' size, and N when derived from the shape (default 8192)")
+    p.add_argument("--vocab-size", type=positive_int,
+                   help="vocabulary V: the logits' size, and N when derived from the shape. Default: the named "
+                        f"model's, and a shape that is a named model's counts as that model (768 × 12 is GPT-2 "
+                        f"124M: {GPT2_VOCAB:,}); any other shape {BOOK_VOCAB:,}, the book's tokenizer and "
+                        "train_gpu.py's default. The output says which it used")
     p.add_argument("--gpus", type=positive_int, default=8, help="number of GPUs (default 8)")
     p.add_argument("--gpu", default="H100", help="GPU from the catalog: " + ", ".join(g.name for g in CATALOG))
     p.add_argument("--peak-tflops", type=positive, help="dense 16-bit peak per GPU in TFLOP/s (overrides --gpu)")
@@ -471,7 +586,8 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--tokens-per-param", type=positive, default=DEFAULT_TOKENS_PER_PARAM,
                       help="training tokens D = this × N (default 20, Chinchilla)")
     data.add_argument("--tokens", type=positive, help="training tokens D (e.g. 20e9 or 20B)")
-    p.add_argument("--seq-len", type=positive_int, default=2048, help="sequence length s (default 2048)")
+    p.add_argument("--seq-len", type=positive_int,
+                   help=f"sequence length s (default: the named model's context, else {DEFAULT_SEQ_LEN})")
     p.add_argument("--micro-batch", type=positive_int, default=8, help="sequences per GPU per forward (default 8)")
     p.add_argument("--layout", choices=tuple(memory.LAYOUTS), default="autocast",
                    help="precision layout of the state: autocast (fp32 weights, as train_gpu.py; default) or "
@@ -481,8 +597,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-activations", action="store_true",
                    help="per-block activation checkpointing (train_gpu.py --checkpoint-activations)")
     p.add_argument("--price-per-gpu-hour", type=positive, help="rental price of one GPU for one hour")
-    p.add_argument("--grad-accum", type=positive_int, default=1,
-                   help="micro-batches per GPU per optimizer step (default 1)")
+    batch = p.add_mutually_exclusive_group()
+    batch.add_argument("--global-batch-tokens", type=positive,
+                       help="tokens per optimizer step over all GPUs; the accumulation is the whole number of "
+                            "micro-batches nearest it. Default: GPT-3's batch for the nearest size (Brown et "
+                            "al. 2020, Table 2.1: 0.5M tokens up to 760M parameters, 1M at 1.3B, 2M at 6.7B), "
+                            "rounded to a multiple of 2^18 (0.5M: 524,288)")
+    batch.add_argument("--grad-accum", type=positive_int,
+                       help="micro-batches per GPU per optimizer step (default: from --global-batch-tokens)")
     p.add_argument("--grad-sync", choices=("auto", "last", "every"), default="auto",
                    help="FSDP during accumulation: last = hold the whole fp32 gradients and reduce-scatter on the "
                         "last micro-batch (train_gpu.py's default); every = reduce-scatter every micro-batch "
@@ -519,22 +641,33 @@ def plan(argv: list) -> dict:
         else:
             merged.append(a)
     args = parser.parse_args(merged)
+    if args.model is not None and (args.d_model, args.n_layer, args.n_head) != (None, None, None):
+        parser.error(f"--model {args.model} is a shape already: leave out --d-model, --n-layer and --n-head, "
+                     "or give the shape without --model")
+    if args.model is not None:
+        m = MODELS[args.model]
+        args.d_model, args.n_layer, args.n_head = m.d_model, m.n_layer, m.n_head
+        if args.seq_len is None:
+            args.seq_len = m.seq_len
+    if args.seq_len is None:
+        args.seq_len = DEFAULT_SEQ_LEN
     if args.params is None and (args.d_model is None or args.n_layer is None):
-        parser.error("give the model size: --params, or --d-model and --n-layer")
+        parser.error("give the model size: --params, --model, or --d-model and --n-layer")
     if (args.d_model is None) != (args.n_layer is None):
         parser.error("give --d-model and --n-layer together (the shape), or neither")
     if args.fp32_grads and args.layout != "mixed":
         parser.error("--fp32-grads goes with --layout mixed (the autocast layout's gradients are fp32 already)")
+    vocab, vocab_why = vocabulary(args.vocab_size, args.model, args.d_model, args.n_layer)
     shape = None
     if args.d_model is not None:
         n_head = args.n_head or max(1, args.d_model // 64)
         try:
-            shape = memory.Shape(args.d_model, args.n_layer, n_head, args.seq_len, args.micro_batch, args.vocab_size)
+            shape = memory.Shape(args.d_model, args.n_layer, n_head, args.seq_len, args.micro_batch, vocab)
         except ValueError as e:
             parser.error(f"{e}; choose --n-head so that d-model / n-head is even")
     elif args.n_head is not None or args.checkpoint_activations:
         parser.error("--n-head and --checkpoint-activations need the shape: --d-model and --n-layer")
-    n = args.params if args.params is not None else param_count(args.d_model, args.n_layer, args.vocab_size)
+    n = args.params if args.params is not None else param_count(args.d_model, args.n_layer, vocab)
     gpu = GPUS.get(args.gpu.lower())
     if gpu is None and args.peak_tflops is None:
         parser.error(f"unknown GPU {args.gpu!r}; known: {', '.join(g.name for g in CATALOG)} "
@@ -553,11 +686,23 @@ def plan(argv: list) -> dict:
     if link is not None and link < (link_gb_s or 0) * 1e9:
         link_label = f"{args.node_link_gbit:g} Gb/s network port between machines, slower than {link_label}"
     tokens = args.tokens if args.tokens is not None else args.tokens_per_param * n
+    per_micro = args.gpus * args.micro_batch * args.seq_len
+    if args.grad_accum is not None:
+        target, batch_source = per_micro * args.grad_accum, f"--grad-accum {args.grad_accum}"
+    elif args.global_batch_tokens is not None:
+        target, batch_source = args.global_batch_tokens, f"--global-batch-tokens {args.global_batch_tokens:,.0f}"
+    else:
+        target, size = reference_batch_tokens(n)
+        batch_source = (f"GPT-3's {GPT3_BATCH_NAMES[size]} for its {_size(size)} model, the size nearest "
+                        f"this one (Brown et al. 2020, Table 2.1), rounded to a multiple of 2^18")
+    grad_accum = args.grad_accum or accumulation(target, per_micro)
     est = estimate(n_params=n, gpus=args.gpus, peak_flops=peak, mfu=args.mfu, tokens=tokens, memory_gb=memory_gb,
                    shape=shape, layout=args.layout, fp32_grads=args.fp32_grads,
                    checkpoint=args.checkpoint_activations, price_per_gpu_hour=args.price_per_gpu_hour,
-                   seq_len=args.seq_len, micro_batch=args.micro_batch, grad_accum=args.grad_accum,
+                   seq_len=args.seq_len, micro_batch=args.micro_batch, grad_accum=grad_accum,
                    link_bytes_s=link, grad_sync=args.grad_sync)
+    est["step"].update(target_tokens=target, batch_source=batch_source)
+    est.update(vocab_size=vocab, vocab_source=vocab_why, model=args.model)
     if not _finite(est) or not est["step"]["compute_s"] > 0:
         parser.error("these numbers are beyond what a float can hold (a result overflows); use realistic sizes")
     peak_label = "dense peak" if custom else f"{gpu.precision} dense peak"
@@ -568,11 +713,124 @@ def plan(argv: list) -> dict:
                 link_label=link_label, text=text)
 
 
+# ---- the calculator's memory figure: where each bar, line and label goes (calculator.js only draws) ----
+FIGURE_FONT_PX = 11  # the figure's text (calculator.css: .calc-tick, .calc-value)
+CHAR_EM = 0.75  # a bound on a label's width per character, in ems (DejaVu Sans Bold's digits: 0.70)
+ASCENT_EM, DESCENT_EM = 0.95, 0.3  # a bound on how far a label reaches above and below its baseline
+LEGEND_STEP = 16  # pixels between legend rows
+
+
+def text_box(x: float, baseline: float, text: str, anchor: str = "start", font: float = FIGURE_FONT_PX) -> tuple:
+    """A box (x0, y0, x1, y1) in pixels, y downwards, that holds `text` drawn at x with this anchor:
+    the width from CHAR_EM, the height from ASCENT_EM and DESCENT_EM."""
+    width = len(text) * CHAR_EM * font
+    x0 = {"start": x, "middle": x - width / 2, "end": x - width}[anchor]
+    return (x0, baseline - ASCENT_EM * font, x0 + width, baseline + DESCENT_EM * font)
+
+
+def _overlap(a: tuple, b: tuple, gap: float = 0) -> bool:
+    return a[0] < b[2] + gap and b[0] < a[2] + gap and a[1] < b[3] + gap and b[1] < a[3] + gap
+
+
+def _gb(x: float) -> str:
+    """A figure's number: three significant digits, thousands separated (184, 11.4, 1,230)."""
+    if x == 0:
+        return "0"
+    digits = 2 - math.floor(math.log10(abs(x)))
+    r = round(x, digits)
+    return f"{r:.{digits}f}".rstrip("0").rstrip(".") if digits > 0 else f"{r:,.0f}"
+
+
+def _ticks(top: float, n: int = 5) -> list:
+    """Round tick values from 0 to top: steps of 1, 2 or 5 times a power of ten."""
+    raw = top / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(k for k in (1, 2, 5, 10) if k * mag >= raw) * mag
+    return [round(i * step, 10) for i in range(int(top / step + 1e-9) + 1)]
+
+
+def _label(x: float, y: float, text: str, anchor: str = "start") -> dict:
+    return dict(x=x, y=y, text=text, anchor=anchor)
+
+
+def label_box(label: dict) -> tuple:
+    return text_box(label["x"], label["y"], label["text"], label["anchor"])
+
+
+def memory_figure(memory_parts: dict, memory_gb: float | None, usable_gb: float | None) -> dict:
+    """The memory figure, laid out in pixels (y downwards): for each scheme a stacked bar with its
+    total above it, the GPU's memory and its usable 90 % as lines across the bars with their labels
+    in the right margin, the legend below them there, the y axis's ticks. No label overlaps a line, a
+    bar or another label: a total that would touch a line moves up past it, the margin's labels stack.
+    Widths are bounded by CHAR_EM (tests/test_budget.py measures them with a real font)."""
+    left, plot_w, top, plot_h, bottom = 56, 432, 24, 272, 36
+    font, x_end = FIGURE_FONT_PX, left + plot_w
+    schemes = list(memory_parts)
+    parts = [p for p in dict.fromkeys(k for ps in memory_parts.values() for k in ps)
+             if any(ps.get(p, 0) > 0 for ps in memory_parts.values())]
+    totals = [sum(memory_parts[s].values()) for s in schemes]
+    limits = [] if memory_gb is None else [(memory_gb, f"GPU memory {_gb(memory_gb)} GB", False),
+                                           (usable_gb, f"usable 90%: {_gb(usable_gb)} GB", True)]
+    margin = [text_box(0, 0, text) for _, text, _ in limits] + [text_box(14, 0, p) for p in parts]
+    width = math.ceil(x_end + 6 + max([160, *(box[2] for box in margin)]) + 4)  # the right margin holds them all
+    band = (x_end - left) / max(1, len(schemes))
+    bar_w = band * 0.56
+    ymax = max([*totals, memory_gb or 0]) * 1.08 or 1.0
+    while True:  # widen the axis until every total's label, moved past the lines, stays inside the figure
+        lines = sorted((top + plot_h * (1 - v / ymax) for v, _, _ in limits), reverse=True)  # lowest first
+        labels = []
+        for i, total in enumerate(totals):
+            label = _label(left + band * (i + 0.5), top + plot_h * (1 - total / ymax) - 4, _gb(total), "middle")
+            for ly in lines:  # past one line, the next may be in the way
+                box = label_box(label)
+                if box[1] - 2 < ly < box[3] + 2:
+                    label["y"] = ly - 3 - DESCENT_EM * font
+            labels.append(label)
+        if all(label_box(lab)[1] >= 2 for lab in labels):
+            break
+        ymax *= 1.1
+
+    def y(v):
+        return top + plot_h * (1 - v / ymax)
+
+    bars = []
+    for i, (s, total, label) in enumerate(zip(schemes, totals, labels)):
+        x0, acc, segments = left + band * (i + 0.5) - bar_w / 2, 0.0, []
+        for k, p in enumerate(parts):
+            v = memory_parts[s].get(p, 0)
+            if v > 0:
+                segments.append(dict(part=p, color=k, gb=v, y=y(acc + v), height=y(acc) - y(acc + v)))
+            acc += v
+        bars.append(dict(scheme=s, x=x0, width=bar_w, total=total, segments=segments, label=label,
+                         tick=_label(x0 + bar_w / 2, top + plot_h + 16, s, "middle")))
+    margin_x, placed, rows = x_end + 6, [], []
+    for v, text, dashed in sorted(limits, key=lambda row: -row[0]):  # centred on its line, below the one above
+        label = _label(margin_x, y(v) + 0.35 * font, text)
+        if placed and label_box(label)[1] < placed[-1][3] + 2:
+            label["y"] = placed[-1][3] + 2 + ASCENT_EM * font
+        placed.append(label_box(label))
+        rows.append(dict(gb=v, y=y(v), x1=left, x2=x_end, dashed=dashed, label=label))
+    legend, base = [], top + 10
+    for p in reversed(parts):  # the top part first, as the bars stack; a row skips the lines' labels
+        while any(_overlap((margin_x, *label_box(_label(margin_x + 14, base, p))[1:]), box, 2) for box in placed):
+            base += 2
+        legend.append(dict(part=p, color=parts.index(p), swatch=[margin_x, base - 9, 10, 10],
+                           label=_label(margin_x + 14, base, p)))
+        base += LEGEND_STEP
+    height = max([top + plot_h + bottom, *(label_box(e["label"])[3] + 4 for e in legend),
+                  *(box[3] + 4 for box in placed)])
+    ticks = [dict(y=y(t), label=_label(left - 6, y(t) + 4, _gb(t), "end")) for t in _ticks(ymax)]
+    return dict(width=width, height=math.ceil(height), plot=[left, top, x_end, top + plot_h], ymax=ymax,
+                parts=parts, bars=bars, limits=rows, legend=legend, ticks=ticks,
+                axis_label=_label(14, top + plot_h / 2, "GB per GPU at the step's peak", "middle"))
+
+
 def page(argv: list) -> dict:
     """What chapter 9's calculator shows for a command line: the text main prints, or the one-line
-    error it ends with; and the numbers of its two figures, memory per GPU by part for each scheme
-    and hours and cost against the number of GPUs (compute alone, and with each scheme's communication
-    added, not overlapped: the cost of GPUs that wait). JSON-ready (the page runs this under Pyodide)."""
+    error it ends with; and its two figures: memory per GPU by part for each scheme (the numbers, and
+    the figure laid out by memory_figure) and hours and cost against the number of GPUs at the plan's
+    global batch (compute alone, and with each scheme's communication added, not overlapped: the cost
+    of GPUs that wait). JSON-ready (the page runs this under Pyodide)."""
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
@@ -581,18 +839,19 @@ def page(argv: list) -> dict:
         return dict(ok=False, error=err.getvalue().strip(), text="")
     args, est = p["args"], p["est"]
     parts = {s: m["parts"] if "parts" in m else peak_parts(  # no shape: the model state alone
-        None, est["n_params"], args.gpus, s, args.layout, args.fp32_grads, grad_accum=args.grad_accum,
+        None, est["n_params"], args.gpus, s, args.layout, args.fp32_grads, grad_accum=est["step"]["grad_accum"],
         sync_every=m["sync_every"]) for s, m in est["memory"].items()}
     memory_parts = {memory.SCHEME_NAMES[s]: {k: v / GB for k, v in ps.items() if k != "total"}
                     for s, ps in parts.items()}
     counts = sorted({2 ** k for k in range(13) if 2 ** k <= max(64, 4 * args.gpus)} | {args.gpus})
     sweep = dict(gpus=counts, hours=[], cost=[], hours_with_comm={memory.SCHEME_NAMES[s]: [] for s in memory.SCHEMES},
                  cost_with_comm={memory.SCHEME_NAMES[s]: [] for s in memory.SCHEMES})
-    for g in counts:
+    for g in counts:  # the plan's global batch on g GPUs: the accumulation nearest it
         e = estimate(n_params=est["n_params"], gpus=g, peak_flops=p["peak"], mfu=args.mfu, tokens=est["tokens"],
                      shape=p["shape"], layout=args.layout, fp32_grads=args.fp32_grads,
                      price_per_gpu_hour=args.price_per_gpu_hour, seq_len=args.seq_len, micro_batch=args.micro_batch,
-                     grad_accum=args.grad_accum, grad_sync=args.grad_sync,
+                     grad_accum=accumulation(est["step"]["tokens"], g * args.micro_batch * args.seq_len),
+                     grad_sync=args.grad_sync,
                      link_bytes_s=link_bytes_per_s(g, p["link_gb_s"], args.gpus_per_node, args.node_link_gbit))
         sweep["hours"].append(e["hours"])
         sweep["cost"].append(e["cost"])
@@ -602,8 +861,10 @@ def page(argv: list) -> dict:
             sweep["hours_with_comm"][memory.SCHEME_NAMES[s]].append(hours)
             sweep["cost_with_comm"][memory.SCHEME_NAMES[s]].append(
                 None if hours is None or price is None else hours * g * price)
-    return dict(ok=True, error="", text=p["text"], memory=memory_parts, memory_gb=p["memory_gb"],
-                usable_gb=None if p["memory_gb"] is None else USABLE_FRACTION * p["memory_gb"],
+    usable = None if p["memory_gb"] is None else USABLE_FRACTION * p["memory_gb"]
+    drawn = any(v > 0 for ps in memory_parts.values() for v in ps.values())
+    return dict(ok=True, error="", text=p["text"], memory=memory_parts, memory_gb=p["memory_gb"], usable_gb=usable,
+                memory_figure=memory_figure(memory_parts, p["memory_gb"], usable) if drawn else None,
                 gpus=args.gpus, sweep=sweep)
 
 

@@ -1,3 +1,4 @@
+import math
 import subprocess
 import sys
 
@@ -140,6 +141,10 @@ def test_layouts_and_checkpointing_change_the_answer():
     (["--d-model", "768", "--n-layer", "12", "--n-head", "5"], "must split into 5 heads"),
     (["--d-model", "768"], "give the model size"),
     (["--params", "1e9", "--d-model", "768"], "together"),
+    (["--model", "124M", "--d-model", "768"], "--model 124M is a shape already"),
+    (["--model", "124M", "--n-head", "6"], "--model 124M is a shape already"),
+    (["--model", "125M"], "invalid choice: '125M'"),
+    (["--model", "124M", "--grad-accum", "2", "--global-batch-tokens", "1M"], "not allowed with argument"),
 ])
 def test_bad_input_is_one_sentence(args, message):
     with pytest.raises(SystemExit) as e:
@@ -218,7 +223,7 @@ def test_steps_times_compute_per_step_is_the_training_time():
 
 def test_the_cli_says_when_communication_dominates():
     slow = cli("--d-model", "768", "--n-layer", "12", "--gpus", "16", "--gpu", "RTX4090", "--seq-len", "256",
-               "--micro-batch", "1", "--node-link-gbit", "25")
+               "--micro-batch", "1", "--grad-accum", "1", "--node-link-gbit", "25")
     assert slow.returncode == 0, slow.stderr
     assert "communication takes longer than compute under DDP, ZeRO-1, ZeRO-2, ZeRO-3/FSDP" in slow.stdout
     assert "25 Gb/s network port between machines, slower than PCIe 4.0 x16" in slow.stdout
@@ -256,10 +261,13 @@ def test_numbers_beyond_a_float_are_one_sentence(args):
 
 
 def test_page_shows_the_model_state_when_only_the_size_is_given():
-    out = budget.page(["--params", "1e9", "--gpus", "8"])
+    out = budget.page(["--params", "1e9", "--gpus", "8", "--grad-accum", "1"])
     assert out["memory"]["DDP"] == pytest.approx({"weights": 4.0, "grads": 4.0, "optimizer": 8.0, "buckets": 0.0,
                                                   "whole grads": 0.0, "gathered weights": 0.0})
     assert sum(out["memory"]["ZeRO-3/FSDP"].values()) == pytest.approx(16 / 8)
+    # by default the step accumulates to GPT-3's 1M tokens: FSDP holds the whole fp32 gradients meanwhile
+    accumulating = budget.page(["--params", "1e9", "--gpus", "8"])["memory"]["ZeRO-3/FSDP"]
+    assert accumulating["whole grads"] == pytest.approx(4.0)
 
 
 def _command(*args):
@@ -273,12 +281,17 @@ def test_the_plan_prints_the_train_gpu_command_of_the_scheme_that_fits():
                        "--micro-batch", "8", "--grad-accum", "4")
     assert line.split(None, 1)[1] == (
         "torchrun --standalone --nproc-per-node=8 code/train_gpu.py --d-model 768 --n-layer 12 --n-head 12 "
-        "--vocab-size 8192 --seq-len 1024 --micro-batch 8 --global-batch-tokens 262144 --steps 6962 --shard ddp")
+        "--vocab-size 50257 --seq-len 1024 --micro-batch 8 --global-batch-tokens 262144 --steps 9427 --shard ddp")
+    line, _ = _command("--d-model", "5120", "--n-layer", "40", "--gpus", "64", "--seq-len", "4096",
+                       "--micro-batch", "1", "--gpu", "RTX4090", "--checkpoint-activations", "--grad-accum", "1")
+    assert "--nnodes=8 --nproc-per-node=8" in line and line.endswith("--shard fsdp --checkpoint-activations")
+    # by default 8 micro-batches make GPT-3's 2M tokens: the whole fp32 gradients do not fit 24 GB, so every
     line, _ = _command("--d-model", "5120", "--n-layer", "40", "--gpus", "64", "--seq-len", "4096",
                        "--micro-batch", "1", "--gpu", "RTX4090", "--checkpoint-activations")
-    assert "--nnodes=8 --nproc-per-node=8" in line and line.endswith("--shard fsdp --checkpoint-activations")
+    assert "--global-batch-tokens 2097152" in line and line.endswith("--shard fsdp --checkpoint-activations "
+                                                                     "--grad-sync every")
     line, _ = _command("--d-model", "5120", "--n-layer", "40", "--gpus", "64", "--seq-len", "4096",
-                       "--micro-batch", "1", "--gpu", "A100-40GB", "--checkpoint-activations")
+                       "--micro-batch", "1", "--gpu", "A100-40GB", "--checkpoint-activations", "--grad-accum", "1")
     assert line.endswith("--shard fsdp --no-reshard-after-forward --checkpoint-activations")  # bf16 gathered: fits
     _, text = _command("--d-model", "4096", "--n-layer", "32", "--gpus", "64", "--seq-len", "4096",
                        "--micro-batch", "2", "--gpu", "A100-40GB")
@@ -344,3 +357,241 @@ def test_the_report_names_the_layout_it_counted(flags, name, state_bytes):
     assert name in label
     est = budget.plan(argv)["est"]
     assert est["memory"]["ddp"]["state"] == state_bytes * est["n_params"]  # the bytes the name states
+
+
+# ---- the vocabulary follows the model ------------------------------------------------------------------
+
+def _vocab_line(text):
+    return next(x for x in text.splitlines() if x.startswith("vocabulary "))
+
+
+@pytest.mark.parametrize("argv, vocab, why", [
+    (["--model", "124M"], 50257, "GPT-2's tokenizer, as GPT-2 124M has (--model 124M"),
+    (["--d-model", "768", "--n-layer", "12"], 50257, "h 768, L 12 is GPT-2 124M's shape"),  # the seed's nanoGPT
+    (["--d-model", "768", "--n-layer", "12", "--vocab-size", "8192"], 8192, "8,192: --vocab-size"),
+    (["--model", "7B", "--vocab-size", "32000"], 32000, "32,000: --vocab-size"),
+    (["--d-model", "2048", "--n-layer", "20"], 8192, "the book's tokenizer, train_gpu.py's default"),
+    (["--model", "book-1.8M"], 8192, "the book's tokenizer, as the book's default model has"),
+    (["--d-model", "512", "--n-layer", "8"], 8192, "is train_gpu.py's default model's shape"),
+])
+def test_the_vocabulary_follows_the_named_model_and_the_text_says_which(argv, vocab, why):
+    p = budget.plan([*argv, "--gpus", "1", "--memory-gb", "1e4"])  # room for any of them: a command
+    assert p["shape"].vocab_size == p["est"]["vocab_size"] == vocab
+    assert p["est"]["n_params"] == param_count(p["shape"].d_model, p["shape"].n_layer, vocab)
+    line = _vocab_line(p["text"])
+    assert line.startswith(f"vocabulary  {vocab:,}: ") and why in line
+    assert f"--vocab-size {vocab} " in p["text"].splitlines()[-1]  # the command trains with it
+
+
+def test_named_models_are_what_they_name():
+    from train_gpu import build_parser as train_gpu_parser
+    gpt2 = {"124M": (12, 768), "350M": (24, 1024), "774M": (36, 1280), "1.5B": (48, 1600)}  # Radford et al. Table 2
+    for name, (layers, width) in gpt2.items():
+        m = budget.MODELS[name]
+        assert (m.n_layer, m.d_model, m.vocab_size, m.seq_len) == (layers, width, 50257, 1024)
+        assert m.d_model // m.n_head == 64
+    for sc in budget.REFERENCE:  # the reference table's shapes, on its vocabulary
+        m = budget.MODELS[sc.label.split()[0]]
+        assert (m.d_model, m.n_layer, m.n_head, m.seq_len, m.vocab_size) == (
+            sc.d_model, sc.n_layer, sc.n_head, sc.seq_len, budget.REFERENCE_VOCAB)
+    book, cfg = budget.MODELS["book-1.8M"], GPTConfig()
+    assert (book.d_model, book.n_layer, book.n_head, book.seq_len, book.vocab_size) == (
+        cfg.d_model, cfg.n_layer, cfg.n_head, cfg.seq_len, cfg.vocab_size)
+    assert budget.plan(["--model", "book-1.8M"])["est"]["n_params"] == GPT(cfg).num_params()
+    d, m = train_gpu_parser().parse_args([]), budget.MODELS["book-29M"]
+    assert (m.d_model, m.n_layer, m.n_head, m.seq_len, m.vocab_size) == (
+        d.d_model, d.n_layer, d.n_head, d.seq_len, d.vocab_size)
+    # a named model sets the default sequence length; --seq-len still wins
+    assert budget.plan(["--model", "124M"])["shape"].seq_len == 1024
+    assert budget.plan(["--model", "124M", "--seq-len", "2048"])["shape"].seq_len == 2048
+    assert budget.plan(["--d-model", "768", "--n-layer", "12"])["shape"].seq_len == 2048
+    assert "vocabulary" not in budget.plan(["--params", "124M"])["text"]  # no shape, no logits to count
+    help_text = budget.build_parser().format_help()
+    assert "--model" in help_text and "768 × 12 is GPT-2" in help_text
+
+
+# ---- the global batch and its accumulation --------------------------------------------------------------
+
+def test_the_default_global_batch_is_gpt3s_for_the_nearest_size():
+    want = {123.6e6: 2**19, 350e6: 2**19, 1.02e9: 2**20, 1.3e9: 2**20, 6.644e9: 2**21, 13e9: 2**21,
+            40e9: 2**21, 70e9: 12 * 2**18, 175e9: 12 * 2**18}  # by ratio: 40B is nearer 13B, 70B nearer 175B
+    for n, tokens in want.items():
+        assert budget.reference_batch_tokens(n)[0] == tokens, n
+    assert budget.reference_batch_tokens(124e6) == (524288, 125e6)
+
+
+def _step(argv):
+    p = budget.plan(argv)
+    return p, p["est"]["step"], next(x for x in p["text"].splitlines() if x.startswith("batch "))
+
+
+def test_the_plan_accumulates_to_the_global_batch():
+    # the seed's nanoGPT run: 8 × 1024 tokens a micro-batch, 64 of them, 524,288 tokens a step
+    p, st, line = _step(["--model", "124M", "--gpus", "1", "--gpu", "RTX3060", "--micro-batch", "8",
+                         "--checkpoint-activations"])
+    assert (st["grad_accum"], st["tokens"]) == (64, 524288)
+    assert "524,288 tokens per step: GPT-3's 0.5M tokens for its 125M model" in line and "Table 2.1" in line
+    assert "--global-batch-tokens 524288 --steps" in p["text"].splitlines()[-1]
+    assert st["steps"] == pytest.approx(p["est"]["tokens"] / 524288)
+    # micro-batch 7: the whole number of micro-batches nearest 524,288
+    _, st, line = _step(["--model", "124M", "--gpus", "1", "--gpu", "RTX3060", "--micro-batch", "7"])
+    assert (st["grad_accum"], st["tokens"]) == (73, 73 * 7 * 1024)
+    assert "the whole number of micro-batches nearest 524,288" in line
+    # more GPUs, fewer micro-batches each; a bigger model, a bigger batch
+    _, st, _ = _step(["--model", "124M", "--gpus", "8", "--micro-batch", "16"])
+    assert (st["grad_accum"], st["tokens"]) == (4, 524288)
+    _, st, _ = _step(["--model", "7B", "--gpus", "64", "--micro-batch", "1", "--checkpoint-activations"])
+    assert (st["grad_accum"], st["tokens"]) == (8, 2**21)
+    # asked for: --global-batch-tokens (rounded to whole micro-batches), --grad-accum (as given)
+    _, st, line = _step(["--model", "124M", "--gpus", "1", "--micro-batch", "8", "--global-batch-tokens", "1M"])
+    assert (st["grad_accum"], st["tokens"]) == (122, 122 * 8192) and "--global-batch-tokens 1,000,000" in line
+    _, st, line = _step(["--model", "124M", "--gpus", "1", "--micro-batch", "8", "--grad-accum", "3"])
+    assert (st["grad_accum"], st["tokens"]) == (3, 3 * 8192) and "(--grad-accum 3)" in line
+    # one micro-batch on every GPU is already more than the batch asked for: said, not hidden
+    _, st, line = _step(["--model", "124M", "--gpus", "512", "--micro-batch", "8"])
+    assert st["grad_accum"] == 1 and "one micro-batch on every GPU, more than the 524,288 asked" in line
+
+
+@pytest.mark.parametrize("plan", [
+    ["--model", "124M", "--gpus", "1", "--gpu", "RTX3060", "--micro-batch", "7"],
+    ["--model", "124M", "--gpus", "1", "--gpu", "RTX3060", "--micro-batch", "8", "--checkpoint-activations"],
+    ["--model", "1.3B", "--gpus", "8", "--micro-batch", "4"],
+    ["--d-model", "2048", "--n-layer", "20", "--gpus", "8", "--seq-len", "2048", "--micro-batch", "8"],
+    ["--model", "7B", "--gpus", "64", "--micro-batch", "1", "--checkpoint-activations"],
+    ["--model", "7B", "--gpus", "64", "--micro-batch", "2"],
+    ["--model", "7B", "--gpus", "64", "--micro-batch", "1", "--checkpoint-activations", "--memory-gb", "40"],
+])
+def test_the_printed_command_is_the_plan_train_gpu_runs(plan):
+    """The command budget.py prints, parsed by train_gpu.py's own parser: the same global batch, the
+    accumulation train_gpu.py derives from it, and the run it plans holds and sends the bytes of the
+    budget's row (as tests/test_train_gpu.py checks for its plans)."""
+    import shlex
+
+    from memory import run_peak_bytes, run_sent_bytes
+    from train_gpu import build_parser, check_args, planned_run
+    p = budget.plan(plan)
+    line = next(x for x in p["text"].splitlines() if x.startswith("command "))
+    argv = shlex.split(line.split(None, 1)[1])
+    world, st = p["est"]["gpus"], p["est"]["step"]
+    args = build_parser().parse_args(argv[argv.index("code/train_gpu.py") + 1:])
+    accum = check_args(args, world)
+    assert (args.global_batch_tokens, accum, args.vocab_size) == (st["tokens"], st["grad_accum"], p["shape"].vocab_size)
+    assert st["tokens"] >= 2**18 and args.steps == math.ceil(st["steps"])  # not one sequence per GPU
+    run = planned_run(args, world, accum, "bf16")
+    row = p["est"]["memory"][run.scheme]
+    assert run_peak_bytes(run, p["est"]["n_params"])["total"] == row["total"]
+    assert sum(run_sent_bytes(run).values()) == row["comm_bytes"]
+    assert run.sync_every == row["sync_every"]
+
+
+# ---- the seed's question: does 124M at micro-batch 8 × 1024 fit a 12 GB card? -----------------------------
+
+SEED_12GB = ["--model", "124M", "--gpus", "1", "--gpu", "RTX3060", "--seq-len", "1024", "--micro-batch", "8"]
+
+
+def test_the_seed_question_124m_at_8_by_1024_does_not_fit_12_gb():
+    p = budget.plan(SEED_12GB)
+    ddp, usable = p["est"]["memory"]["ddp"], budget.USABLE_FRACTION * 12 * budget.GB
+    assert p["est"]["n_params"] == param_count(768, 12, 50257) and p["memory_gb"] == 12
+    assert round(ddp["total"] / 1e9, 2) == 11.41 and usable == pytest.approx(10.8e9)
+    assert not ddp["fits"] and ddp["max_micro_batch"] == 7
+    assert not any(m["fits"] for m in p["est"]["memory"].values())  # one GPU: sharding changes nothing
+    assert "fits 10.8 of 12 GB?" in p["text"] and "verdict     fits under no scheme" in p["text"]
+    seven = budget.plan([*SEED_12GB[:-1], "7"])["est"]["memory"]["ddp"]
+    assert seven["fits"] and seven["total"] <= usable
+    ck = budget.plan([*SEED_12GB, "--checkpoint-activations"])
+    assert ck["est"]["memory"]["ddp"]["fits"] and round(ck["est"]["memory"]["ddp"]["total"] / 1e9, 2) == 7.36
+    assert "verdict     fits under DDP" in ck["text"]
+    # the trap the vocabulary rule closes: GPT-2's shape on the book's 8,192 tokens is a 91M model that fits
+    small = budget.plan([*SEED_12GB[2:], "--d-model", "768", "--n-layer", "12", "--vocab-size", "8192"])
+    assert small["est"]["n_params"] < 0.1e9 and small["est"]["memory"]["ddp"]["fits"]
+    same = budget.plan([*SEED_12GB[2:], "--d-model", "768", "--n-layer", "12"])  # the shape alone: GPT-2's
+    assert same["est"]["memory"]["ddp"]["total"] == ddp["total"]
+
+
+# ---- the memory figure: no label overlaps a line, a bar or another label ---------------------------------
+
+@pytest.fixture(scope="module")
+def measure_text():
+    """(width, ascent, descent) in pixels of a label at the figure's font size, by matplotlib's Agg
+    renderer with DejaVu Sans (bold for the bars' totals): a real font's extents."""
+    from matplotlib.backends.backend_agg import RendererAgg
+    from matplotlib.font_manager import FontProperties
+    renderer, cache = RendererAgg(100, 100, 72), {}  # 72 dpi: 11 points are 11 pixels
+
+    def measure(text, bold=False):
+        if (text, bold) not in cache:
+            prop = FontProperties(family="DejaVu Sans", weight="bold" if bold else "normal",
+                                  size=budget.FIGURE_FONT_PX)
+            w, h, d = renderer.get_text_width_height_descent(text, prop, ismath=False)
+            cache[text, bold] = (w, h - d, d)
+        return cache[text, bold]
+    return measure
+
+
+def _figure_problems(fig, measure):
+    """Every overlap in a laid-out memory figure, measured with a real font; [] when there is none."""
+    halo = 1.5  # calculator.css draws labels with a 3-px halo: half of it on each side
+    texts = []  # (name, box)
+    labels = [(f"total {b['scheme']}", b["label"], True) for b in fig["bars"]]
+    labels += [(f"tick {b['scheme']}", b["tick"], False) for b in fig["bars"]]
+    labels += [(f"line {r['gb']:g}", r["label"], False) for r in fig["limits"]]
+    labels += [(f"legend {e['part']}", e["label"], False) for e in fig["legend"]]
+    labels += [(f"y tick {t['label']['text']}", t["label"], False) for t in fig["ticks"]]
+    problems = []
+    for name, lab, bold in labels:
+        w, asc, desc = measure(lab["text"], bold)
+        est = budget.label_box(lab)
+        if w > est[2] - est[0] or asc > lab["y"] - est[1] or desc > est[3] - lab["y"]:
+            problems.append(f"{name}: {lab['text']!r} is larger in DejaVu Sans than the layout's bound")
+        x0 = {"start": lab["x"], "middle": lab["x"] - w / 2, "end": lab["x"] - w}[lab["anchor"]]
+        box = (x0 - halo, lab["y"] - asc - halo, x0 + w + halo, lab["y"] + desc + halo)
+        if name.startswith("legend"):
+            box = (lab["x"] - 14, *box[1:])  # its colour swatch, to the left
+        texts.append((name, box))
+        if box[0] < 0 or box[1] < 0 or box[2] > fig["width"] or box[3] > fig["height"]:
+            problems.append(f"{name} leaves the figure: {box}")
+    for i, (a, box_a) in enumerate(texts):
+        for b, box_b in texts[i + 1:]:
+            if budget._overlap(box_a, box_b):
+                problems.append(f"{a} overlaps {b}")
+        for r in fig["limits"]:  # the lines, 1.3 px wide
+            if box_a[0] < r["x2"] and r["x1"] < box_a[2] and box_a[1] < r["y"] + 1 and r["y"] - 1 < box_a[3]:
+                problems.append(f"{a} is crossed by the line at {r['gb']:g} GB")
+        for bar in fig["bars"]:
+            for seg in bar["segments"]:
+                if budget._overlap(box_a, (bar["x"], seg["y"], bar["x"] + bar["width"], seg["y"] + seg["height"])):
+                    problems.append(f"{a} overlaps {bar['scheme']}'s {seg['part']}")
+    return problems
+
+
+@pytest.mark.parametrize("argv", [
+    ["--model", "7B", "--gpus", "64", "--micro-batch", "2", "--grad-accum", "1"],  # the reader's 7B plot
+    ["--model", "7B", "--gpus", "64", "--micro-batch", "2"],
+    SEED_12GB,  # 11.4 GB under "GPU memory 12 GB" in the reader's 124M plot
+    [*SEED_12GB, "--checkpoint-activations"],
+    ["--d-model", "2048", "--n-layer", "20", "--gpus", "8", "--seq-len", "2048", "--micro-batch", "8"],
+    ["--params", "1e9", "--gpus", "8"],  # the state alone
+    ["--params", "1e9", "--gpus", "8", "--peak-tflops", "100"],  # no memory size: no lines
+])
+def test_the_memory_figure_has_no_overlapping_labels(argv, measure_text):
+    fig = budget.page(argv)["memory_figure"]
+    assert fig["bars"] and not _figure_problems(fig, measure_text)
+
+
+def test_no_total_hides_under_a_line_wherever_it_falls(measure_text):
+    """Totals swept through and around both lines, with and without a tall bar that squeezes them
+    together, on a 12 GB and an 80 GB card: the layout keeps every label clear."""
+    parts = ("weights", "grads", "optimizer", "layers", "head", "weight copies", "logits", "logit temporaries")
+    for memory_gb in (12, 80):
+        usable = budget.USABLE_FRACTION * memory_gb
+        for tall in (None, 2.3 * memory_gb, 14 * memory_gb):
+            for k in range(81):
+                total = memory_gb * (0.7 + 0.005 * k)  # 70 % to 110 % of the card, in 0.5 % steps
+                bars = {"DDP": total, "ZeRO-1": total * 0.97, "ZeRO-2": usable, "ZeRO-3/FSDP": total * 0.995}
+                if tall:
+                    bars["DDP"] = tall
+                memory = {s: {p: t / len(parts) for p in parts} for s, t in bars.items()}
+                fig = budget.memory_figure(memory, memory_gb, usable)
+                problems = _figure_problems(fig, measure_text)
+                assert not problems, (memory_gb, tall, total, problems)

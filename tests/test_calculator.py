@@ -2,11 +2,12 @@
 
 The built book is served on 127.0.0.1 and opened in headless Chromium with every other request aborted
 (the calculator must work offline, from the book's own _static). For N_CONFIGS seeded random
-configurations (shapes and --params alone, catalog and custom GPUs, both layouts, checkpointing, tokens
-or tokens per parameter, prices, the advanced flags, and about one in ten invalid) the test fills the
-form, builds the command line itself from the configuration, runs budget.main on it here in CPython,
-and asserts that the page shows exactly that text (or exactly that one-line error and no figures), and
-that the numbers it drew are budget.page's.
+configurations (shapes, named models and --params alone, catalog and custom GPUs, both layouts,
+checkpointing, tokens or tokens per parameter, the global batch, prices, the advanced flags, and about one
+in ten invalid) the test fills the form, builds the command line itself from the configuration, runs
+budget.main on it here in CPython, and asserts that the page shows exactly that text (or exactly that
+one-line error and no figures), that the numbers it drew are budget.page's, and that no label in the
+figures overlaps another or a memory line, as the browser renders them.
 
 Needs Debian's chromium, like tests/test_browser.py (whose build-and-serve fixture it uses).
 """
@@ -65,8 +66,15 @@ def shape_config(rng: random.Random) -> dict:
 
 def random_config(rng: random.Random) -> dict:
     """One form filling: flag -> text typed into its box (True for a ticked switch)."""
-    c = shape_config(rng) if rng.random() < 0.8 else {
-        "--params": rng.choice(["124M", "1.3B", "7e9", "350000000", "13B", f"{rng.uniform(0.1, 70):.2f}B"])}
+    r = rng.random()
+    if r < 0.65:
+        c = shape_config(rng)
+    elif r < 0.8:  # a named model: its shape, vocabulary and sequence length
+        c = {"--model": rng.choice(list(budget.MODELS))}
+        if rng.random() < 0.3:
+            c["--checkpoint-activations"] = True
+    else:
+        c = {"--params": rng.choice(["124M", "1.3B", "7e9", "350000000", "13B", f"{rng.uniform(0.1, 70):.2f}B"])}
     if rng.random() < 0.35:
         c["--vocab-size"] = str(rng.choice([8192, 32000, 50257, 128256]))
     c["--gpus"] = str(rng.choice([1, 2, 4, 8, 8, 16, 64, 256, 1024, rng.randint(1, 300)]))
@@ -101,17 +109,19 @@ def random_config(rng: random.Random) -> dict:
         c["--fp32-grads"] = True
     if rng.random() < 0.4:
         c["--price-per-gpu-hour"] = rng.choice(["2.5", "0.6", "1.99", "4"])
-    for flag, values in (("--grad-accum", ["2", "8", "32"]), ("--link-gb-s", ["25", "64", "450"]),
+    for flag, values in (("--grad-accum", ["1", "2", "8", "32"]), ("--link-gb-s", ["25", "64", "450"]),
                          ("--gpus-per-node", ["4", "8", "16"]), ("--node-link-gbit", ["100", "200", "400"])):
         if rng.random() < 0.2:
             c[flag] = rng.choice(values)
+    if "--grad-accum" not in c and rng.random() < 0.25:  # the two are one choice (a mutually exclusive pair)
+        c["--global-batch-tokens"] = rng.choice(["524288", "1M", "2e6", "300000", "4096"])
     return c
 
 
 def invalid_config(rng: random.Random) -> dict:
     """A configuration the command line refuses, each with its own one-line message."""
     c = random_config(rng)
-    kind = rng.randrange(10)
+    kind = rng.randrange(12)
     if kind == 0:
         c["--mfu"] = rng.choice(["-0.3", "1.5", "150%", "abc"])
     elif kind == 1:  # a head count that does not divide d-model (or leaves odd heads)
@@ -135,6 +145,10 @@ def invalid_config(rng: random.Random) -> dict:
         c.update({"--params": "1B", "--checkpoint-activations": True})
     elif kind == 8:
         c["--micro-batch"] = rng.choice(["-4", "0", "x"])
+    elif kind == 9:  # a named model is a shape already
+        c.update({"--model": rng.choice(list(budget.MODELS)), "--d-model": "768", "--n-layer": "12"})
+    elif kind == 10:
+        c.update({"--grad-accum": "4", "--global-batch-tokens": "1M"})
     else:
         c["--params"] = "1.3X"
     return c
@@ -154,7 +168,8 @@ def test_the_configurations_cover_what_the_brief_asks():
     ok = [c for c, code in zip(configs, codes) if code == 0]
     for wanted in ("--d-model", "--n-head", "--peak-tflops", "--memory-gb", "--tokens", "--tokens-per-param",
                    "--price-per-gpu-hour", "--checkpoint-activations", "--fp32-grads", "--grad-accum",
-                   "--link-gb-s", "--gpus-per-node", "--node-link-gbit", "--vocab-size"):
+                   "--link-gb-s", "--gpus-per-node", "--node-link-gbit", "--vocab-size", "--model",
+                   "--global-batch-tokens"):
         assert sum(wanted in c for c in ok) >= 5, wanted
     assert sum("--d-model" not in c for c in ok) >= 10, "--params alone"
     assert {c.get("--layout", "") for c in ok} == {"", "autocast", "mixed"}
@@ -191,6 +206,17 @@ SHOWN = """() => {
     series: [...root.querySelectorAll('.calc-plots polyline[data-series]')].map(p => p.dataset.series),
     selectedBar: [...root.querySelectorAll('.calc-bar.calc-selected')].map(g => g.dataset.scheme),
     marked: [...root.querySelectorAll('mark.calc-hl')].map(m => m.textContent),
+    overlaps: svgs.flatMap(svg => {  // rendered text (its box's middle 70 %, about the ink) against text and lines
+      const boxes = [...svg.querySelectorAll('text')].filter(t => !t.hasAttribute('transform')).map(t => {
+        const b = t.getBBox();
+        return [b.x, b.y + 0.15 * b.height, b.x + b.width, b.y + 0.85 * b.height, t.textContent];
+      });
+      const lines = [...svg.querySelectorAll('line.calc-limit')].map(l =>
+        [Number(l.getAttribute('x1')), Number(l.getAttribute('x2')), Number(l.getAttribute('y1'))]);
+      return boxes.flatMap((a, i) => [
+        ...boxes.slice(i + 1).filter(b => a[0] < b[2] && b[0] < a[2] && a[1] < b[3] && b[1] < a[3]).map(b => `${a[4]} / ${b[4]}`),
+        ...lines.filter(([x1, x2, y]) => a[0] < x2 && x1 < a[2] && a[1] < y + 0.65 && y - 0.65 < a[3]).map(l => `${a[4]} / line at ${l[2]}`)]);
+    }),
   };
 }"""
 
@@ -269,6 +295,7 @@ def check(shown, config, scheme):
     if drawn:
         assert shown["selectedBar"] == [scheme]
     assert shown["marked"] == [line + "\n" for line in stdout.splitlines() if line.startswith(f"  {scheme} ")]
+    assert not shown["overlaps"], "labels overlap in the figures"  # budget.memory_figure's promise, rendered
     return "text"
 
 
