@@ -309,6 +309,16 @@ def glue_measured(name: str, value, fmt: str = "") -> None:
 
 # ---- timing a training step ----
 
+
+SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def sci(x: float, digits: int = 1) -> str:
+    """7.45e-08 -> '7.5 × 10⁻⁸': scientific notation for Chinese prose, where Python's e-notation reads as code."""
+    mantissa, exponent = f"{x:.{digits}e}".split("e")
+    return f"{mantissa} × 10" + str(int(exponent)).translate(SUPERSCRIPT)
+
+
 def training_step_fn(model, opt, x, y, autocast_dtype=None, accum: int = 1):
     """A no-argument function that runs one optimizer step of `model` on the batch (x, y).
 
