@@ -96,7 +96,7 @@ def test_page_renders(site, browser, docname):
     page, errors = open_page(browser, f"{site}/{docname}.html")
     try:
         if "$" in source:  # MathJax typesets after load
-            page.wait_for_selector("mjx-container", timeout=20_000)
+            page.wait_for_selector("mjx-container >> visible=true", timeout=20_000)
         assert page.locator("h1").first.inner_text().strip().rstrip("#").strip() == page_title(docname)
         n_code = source.count("```{code-cell}")
         outputs = page.locator(".cell_output").count()
