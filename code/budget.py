@@ -779,7 +779,8 @@ def memory_figure(memory_parts: dict, memory_gb: float | None, usable_gb: float 
     schemes = list(memory_parts)
     parts = [p for p in dict.fromkeys(k for ps in memory_parts.values() for k in ps)
              if any(ps.get(p, 0) > 0 for ps in memory_parts.values())]
-    totals = [math.fsum(memory_parts[s].values()) for s in schemes]  # correctly rounded: CPython 3.12+ (Pyodide) sums floats otherwise than 3.11
+    # correctly rounded: Pyodide's CPython 3.12+ sums floats otherwise than 3.11, one ulp apart
+    totals = [math.fsum(memory_parts[s].values()) for s in schemes]
     limits = [] if memory_gb is None else [(memory_gb, f"GPU memory {_gb(memory_gb)} GB", False),
                                            (usable_gb, f"usable 90%: {_gb(usable_gb)} GB", True)]
     margin = [text_box(0, 0, text) for _, text, _ in limits] + [text_box(14, 0, p) for p in parts]

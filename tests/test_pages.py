@@ -59,7 +59,8 @@ def measured(site, browser):  # noqa: F811
             page = context.new_page()
             page.goto(f"{site}/{docname}.html", wait_until="networkidle")
             if "$" in (REPO / f"{docname}.md").read_text(encoding="utf-8"):
-                page.wait_for_selector("mjx-container >> visible=true", timeout=20_000)  # typeset math has its final width
+                # typeset math has its final width
+                page.wait_for_selector("mjx-container >> visible=true", timeout=20_000)
             found[docname, width] = page.evaluate(MEASURE_JS)
             page.close()
         context.close()
