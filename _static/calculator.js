@@ -373,7 +373,10 @@ def calculator_run(argv_json):
       svg.append(dot(yc, sw.cost[at]));
     }
     svg.append(h("svg:line", { x1: lx(page.gpus), x2: lx(page.gpus), y1: T, y2: H - 40, class: "calc-now" }));
-    xs.forEach((g) => svg.append(h("svg:text", { x: lx(g), y: H - 24, "text-anchor": "middle", class: "calc-tick" + (g === page.gpus ? " calc-now-label" : ""), text: String(g) })));
+    // A power of two next to the chosen count (29 beside 32) gives up its label to it; its point stays on the lines.
+    const halfWidth = (g) => String(g).length * 0.7 * 11 / 2;  // bold digits at 11 px (calculator.css: .calc-tick)
+    xs.filter((g) => g === page.gpus || Math.abs(lx(g) - lx(page.gpus)) > halfWidth(g) + halfWidth(page.gpus) + 4)
+      .forEach((g) => svg.append(h("svg:text", { x: lx(g), y: H - 24, "text-anchor": "middle", class: "calc-tick" + (g === page.gpus ? " calc-now-label" : ""), text: String(g) })));
     svg.append(h("svg:text", { x: (L + W - R) / 2, y: H - 6, "text-anchor": "middle", class: "calc-axis-label", text: "GPUs (log)" }));
     return svg;
   }
