@@ -24,7 +24,7 @@ ROOT = HERE.parent
 # exercise -> processes it runs on (0: in the test's own process). The ring needs 3: with 2, sending
 # the whole tensor to the other process costs the same bytes as a ring, so the count would prove nothing.
 EXERCISES = {"ch2_flops": 0, "ch3_loss_scaler": 0, "ch4_accumulation": 0, "ch5_ddp": 2,
-             "ch6_ring_allreduce": 3, "ch6_zero1": 2, "ch6_fsdp": 2, "ch9_memory_peak": 0}
+             "ch6_ring_allreduce": 3, "ch6_zero1": 2, "ch6_fsdp": 2, "ch11_memory_peak": 0}
 ANSWERS_ENV = "EXERCISES_ANSWERS"  # a folder under exercises/ to check instead of the reader's files
 
 
@@ -218,7 +218,7 @@ def check_ch4_accumulation(answer, k: int = 4) -> str | None:
     return None
 
 
-# ---- chapter 9: the memory ledger's peak ----
+# ---- chapter 11: the memory ledger's peak ----
 
 def memory_shapes(seed: int = 30, n: int = 3):
     """Shapes the test picks: the same draw every time, none a chapter's round numbers."""
@@ -233,7 +233,7 @@ def memory_shapes(seed: int = 30, n: int = 3):
     return out
 
 
-def check_ch9_memory_peak(answer) -> str | None:
+def check_ch11_memory_peak(answer) -> str | None:
     from memory import step_bytes
     from shapes import param_count
     for shape in memory_shapes():
@@ -248,4 +248,4 @@ def check_ch9_memory_peak(answer) -> str | None:
 
 
 CHECKS = {"ch2_flops": check_ch2_flops, "ch3_loss_scaler": check_ch3_loss_scaler,
-          "ch4_accumulation": check_ch4_accumulation, "ch9_memory_peak": check_ch9_memory_peak}
+          "ch4_accumulation": check_ch4_accumulation, "ch11_memory_peak": check_ch11_memory_peak}

@@ -71,7 +71,7 @@ WRONG = {
                        r"free them, FSDP keeps only the shards between uses",
         "whole_copies": rf"rank 0 keeps ({N}) numbers of the \1 parameters; its shard is 1/2 of them",
     },
-    "ch9_memory_peak": {
+    "ch11_memory_peak": {
         "no_temporaries": rf"for Shape\(.*\): your peak is {N} bytes, memory\.step_bytes's is {N} \(-{N}; "
                           r"missing: the ledger's 'logit temporaries'\)",
         "no_weight_copies": rf"for Shape\(.*\): your peak is {N} bytes, memory\.step_bytes's is {N} \(-{N}; "

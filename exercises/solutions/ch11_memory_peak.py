@@ -1,4 +1,4 @@
-"""The book's answer: chapter 9's ledger for one GPU, autocast, flash attention, full logits."""
+"""The book's answer: chapter 11's ledger for one GPU, autocast, flash attention, full logits."""
 from shapes import mlp_hidden, param_count
 
 

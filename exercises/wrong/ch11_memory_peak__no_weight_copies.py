@@ -1,5 +1,5 @@
 """Wrong on purpose: forgets the bf16 copies of the weights that autocast saves for backward."""
-from exercises.solutions.ch9_memory_peak import peak_bytes as right
+from exercises.solutions.ch11_memory_peak import peak_bytes as right
 from shapes import mlp_hidden
 
 
