@@ -1,5 +1,5 @@
 """Count what FSDP2 sends in one optimizer step of gradient accumulation, under its switches that
-trade memory for communication (chapter 8).
+trade memory for communication (chapter 7).
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 code/fsdp_comm.py --out comm.json
 
