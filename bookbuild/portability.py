@@ -107,8 +107,12 @@ def run_chapter(md: Path, env_vars: dict, margins_file: Path) -> dict:
     seconds = time.perf_counter() - t0
     checks = [json.loads(line) for line in margins_file.read_text().splitlines()] if margins_file.is_file() else []
     summary = (proc.stdout.strip().splitlines() or [""])[-1]
-    if proc.returncode != 0:  # what failed, where the reader (or CI's log) sees it
-        print("\n".join(proc.stdout.splitlines()[-60:]), flush=True)
+    if proc.returncode != 0:  # what failed, where the reader (or CI's log) sees it: the first failure, then the end
+        lines = proc.stdout.splitlines()
+        first = next((i for i, line in enumerate(lines) if "Cell execution caused an exception" in line), None)
+        if first is not None and first < len(lines) - 60:
+            print("\n".join(lines[first:first + 60]), "\n[...]", flush=True)
+        print("\n".join(lines[-60:]), flush=True)
     return {"passed": proc.returncode == 0, "seconds": round(seconds), "summary": summary, "checks": checks}
 
 
