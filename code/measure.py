@@ -257,6 +257,7 @@ def check(name: str, value: float, op: str, bound: float) -> None:
     margin (CHECKS), so that the chapter's record (print_record) shows how close each claim came on
     this machine. A failure says the value, the bound and the margin in one sentence. Returns nothing,
     so that a check as a cell's last line prints nothing."""
+    value, bound = float(value), float(bound)  # numpy scalars (a fit's result) would not go into the JSON line
     m = margin(value, op, bound)
     holds = value < bound if op == "<" else value > bound
     ratio = value > 0 and bound > 0

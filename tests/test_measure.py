@@ -1,3 +1,4 @@
+import json
 import math
 
 import pytest
@@ -231,6 +232,16 @@ def test_check_records_the_margin_and_fails_with_one_sentence(monkeypatch):
     assert measure.CHECKS[-1]["margin"] == pytest.approx(0.5)  # a failed check is recorded too
     with pytest.raises(ValueError):
         measure.check("bad", 1.0, "<=", 2.0)
+
+
+def test_check_writes_numpy_values_to_the_margins_file(monkeypatch, tmp_path):
+    # bookbuild.portability collects every check as a JSON line; a fit's numpy scalars must go in too
+    np = pytest.importorskip("numpy")
+    monkeypatch.setattr(measure, "CHECKS", [])
+    monkeypatch.setenv("BOOK_MARGINS_FILE", str(tmp_path / "margins.jsonl"))
+    measure.check("alpha above its standard error", np.float64(0.023), ">", np.float64(0.006))
+    line = json.loads((tmp_path / "margins.jsonl").read_text())
+    assert line["ratio"] is True and line["margin"] == pytest.approx(0.023 / 0.006)
 
 
 def test_print_record_prints_margins_only_after_a_check(monkeypatch, capsys):
