@@ -1,4 +1,4 @@
-/* Chapter 11's budget calculator: code/budget.py itself, run in the browser by Pyodide.
+/* Chapter 12's budget calculator: code/budget.py itself, run in the browser by Pyodide.
  *
  * The form is built from budget.build_parser() (every flag, its choices, default and help), the text is
  * what budget.main(argv) prints, and the two plots draw budget.page(argv): the memory figure exactly as
@@ -387,7 +387,7 @@ def calculator_run(argv_json):
     if (location.protocol === "file:") {  // browsers refuse to fetch WebAssembly and modules from file://
       api.state = "file";
       showMessage(root, "这个计算器要通过 HTTP 打开：在仓库根目录运行 python -m http.server -d _build/html，" +
-        "再打开 http://localhost:8000/chapters/11_budget.html。", "warning");
+        "再打开 http://localhost:8000/chapters/12_budget.html。", "warning");
       return;
     }
     const start = () => load(root).catch((e) => {

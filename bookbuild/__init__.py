@@ -26,7 +26,7 @@ What lives where:
 - portability.py the portability run (`python -m bookbuild.portability`): what each kernel configuration
                  (native, no AMX, AVX2, 1 and 4 threads) changes on this CPU, then nbval over chapters
                  under each, with the margins of their measure.check asserts.
-- pyodide.py     chapter 11's calculator: the pinned Pyodide (npm package, version and integrity), fetched
+- pyodide.py     chapter 12's calculator: the pinned Pyodide (npm package, version and integrity), fetched
                  and cached under _build/, and budget.py with the modules it imports, copied from code/
                  into the HTML's _static/ at every build.
 - sphinx_ext.py  the Sphinx extension that _config.yml loads: the stored GPU outputs below the

@@ -1,4 +1,4 @@
-"""The cuda-cell rule: cells tagged `cuda` (chapter 10) never execute where they could meet a CPU.
+"""The cuda-cell rule: cells tagged `cuda` (chapter 11) never execute where they could meet a CPU.
 
 The rule is written in the chapter itself, as static tags on each such cell (TAGS): `skip-execution`,
 which the build (myst-nb) and the refresh (nbclient) do not execute, and `nbval-skip`, which nbval

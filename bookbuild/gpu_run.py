@@ -9,7 +9,7 @@ static tags, cuda.py), and writes the cuda cells' outputs into the chapter's .ip
 metadata `gpu_run`: the GPU's name and count, the date, the commit, the versions and how long it took. The other
 cells keep the reference outputs of the CPU run, which nbval checks on every machine. The build then
 shows these outputs below their cells, labelled with that GPU, date and commit (cuda.py).
-Commit the changed .ipynb. Chapter 10's cuda cells include a 124M-class run of train_gpu.py that prints
+Commit the changed .ipynb. Chapter 11's cuda cells include a 124M-class run of train_gpu.py that prints
 its MFU and its peak memory against the memory ledger; the whole run is meant to fit in 8 minutes.
 """
 import shutil

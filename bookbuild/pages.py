@@ -8,7 +8,7 @@
   of them. Code, math, and every literal block (the cells' source and outputs) are left as they are;
   dashes and "..." are never touched.
 - Figure numbers. Sphinx numbers figures across the whole book unless the table of contents is
-  numbered (the book's titles carry their own 第N章), so chapter 6's first figure was 图 2.
+  numbered (the book's titles carry their own 第N章), so chapter 7's first figure was 图 2.
   number_figures_by_chapter renumbers them per chapter: 图 6.1, 图 6.2, ... in reading order.
 - The prompts of a cell whose source is hidden (`hide-input`): myst-nb writes "Show code cell
   source" / "Hide code cell source"; _config.yml gives the Chinese prompt with myst-nb's {type}

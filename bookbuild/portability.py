@@ -2,7 +2,7 @@
 pass and how close each came to its asserts.
 
     python -m bookbuild.portability                          # every chapter, every configuration
-    python -m bookbuild.portability 05_ddp.md --configs native avx2
+    python -m bookbuild.portability 06_ddp.md --configs native avx2
     python -m bookbuild.portability --kernels-only           # only what each configuration changes
 
 A configuration is a set of environment variables for the chapter's kernel (the list is CONFIGS):

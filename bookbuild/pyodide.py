@@ -1,4 +1,4 @@
-"""Chapter 11's calculator: the Pyodide runtime and the very code/budget.py, served from the book's _static.
+"""Chapter 12's calculator: the Pyodide runtime and the very code/budget.py, served from the book's _static.
 
 The calculator runs code/budget.py itself in the reader's browser (Pyodide: CPython compiled to
 WebAssembly), so the page and the command line cannot disagree. Nothing comes from a CDN:
@@ -134,7 +134,7 @@ def add_static_files(app):
     reason = stage()
     if reason:
         from sphinx.util import logging
-        logging.getLogger(__name__).warning(f"chapter 11's calculator is unavailable in this build: {reason}.")
+        logging.getLogger(__name__).warning(f"chapter 12's calculator is unavailable in this build: {reason}.")
     app.config.html_static_path.append(str(STAGE))
 
 

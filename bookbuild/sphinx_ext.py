@@ -6,7 +6,7 @@
 - A page loads with no console errors: sphinx-thebe adds its inline configuration script once per
   `env-before-read-docs`, which fires more than once in a Jupyter Book build; the second copy
   redeclares a `const` and throws in the browser. Keep the first of any identical scripts.
-- Chapter 11's calculator: the Pyodide runtime and budget.py's modules join the static files (pyodide.py).
+- Chapter 12's calculator: the Pyodide runtime and budget.py's modules join the static files (pyodide.py).
 - The provenance page's table (provenance.py): how, when and where each chapter was executed; and on
   each chapter's first screen, a sentence saying how long it took to execute and on which CPU.
 - The search finds every Chinese word a page contains, opens a hit at its section and ranks the chapter
@@ -39,6 +39,6 @@ def setup(app):
     app.connect("config-inited", use_book_search)  # the n-gram index, its query splitter and scorer
     pages.setup(app)  # quotation marks, figure numbers, the hidden cells' prompts
     app.connect("html-page-context", dedupe_scripts, priority=900)
-    pyodide.setup(app)  # chapter 11's calculator: Pyodide and budget.py in _static
+    pyodide.setup(app)  # chapter 12's calculator: Pyodide and budget.py in _static
     provenance.setup(app)  # the provenance page's table, and each chapter's running time at its top
     return {"parallel_read_safe": True, "parallel_write_safe": True}

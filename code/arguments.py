@@ -3,7 +3,7 @@
 Parser, number, positive, positive_int and fail give the same kind of message in every script, never a
 usage block or a traceback, and the same exit status: BAD_ARGUMENT (2, argparse's own) for a bad
 argument, REFUSED (1) for any other refusal. run_main runs a script's main as its command line would,
-capturing what it prints. Pure Python, no torch: budget.py runs in the browser (chapter 11's
+capturing what it prints. Pure Python, no torch: budget.py runs in the browser (chapter 12's
 calculator, under Pyodide) with these.
 """
 import argparse

@@ -838,7 +838,7 @@ def memory_figure(memory_parts: dict, memory_gb: float | None, usable_gb: float 
 
 
 def page(argv: list) -> dict:
-    """What chapter 11's calculator shows for a command line: the text main prints, or the one-line
+    """What chapter 12's calculator shows for a command line: the text main prints, or the one-line
     error it ends with; and its two figures: memory per GPU by part for each scheme (the numbers, and
     the figure laid out by memory_figure) and hours and cost against the number of GPUs at the plan's
     global batch (compute alone, and with each scheme's communication added, not overlapped: the cost

@@ -1,11 +1,11 @@
 """Count what FSDP2 sends in one optimizer step of gradient accumulation, under its switches that
-trade memory for communication (chapter 7).
+trade memory for communication (chapter 8).
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 code/fsdp_comm.py --out comm.json
 
 Every all-gather and reduce-scatter FSDP2 issues goes through torch.distributed.all_gather_single and
 reduce_scatter_single; this script wraps both to count calls and the bytes of the whole (unsharded)
-tensor, then runs one step of --accum micro-batches of chapter 5's and 5's small model (gloo, CPU) for each
+tensor, then runs one step of --accum micro-batches of chapter 6's and 5's small model (gloo, CPU) for each
 setting. Rank 0 writes {setting: {"all_gather": [calls, bytes], "reduce_scatter": [calls, bytes]}}
 and the parameters held by the root module and by the blocks, which FSDP2 treats differently:
 reshard_after_forward=None (its default) means False for the root, True for every other module.

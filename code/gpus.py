@@ -39,7 +39,7 @@ class GPU:
 # figure of their datasheet (5.0 x16: 128 GB/s; 4.0 x16: 64; 3.0 x16: 32), also for the NVL cards,
 # whose NVLink bridges join only pairs or fours; GeForce cards have no peer-to-peer NVLink at all.
 # These are the links' peaks; NCCL's measured all-reduce bus bandwidth is typically 70-90 % of them
-# (an expectation, not measured here; chapter 6 measures this machine's own).
+# (an expectation, not measured here; chapter 7 measures this machine's own).
 # GeForce cards: the PCIe figure is a best case, labelled an expectation. GeForce RTX 40 cards have
 # peer-to-peer disabled (NVIDIA/nccl#1127; tinygrad/open-gpu-kernel-modules patches the driver to get
 # it), so NCCL copies through host memory; on RTX 30 cards it depends on the driver.

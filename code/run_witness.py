@@ -50,7 +50,7 @@ COMBO_KEYS = ("scheme", "precision", "accum", "sync_every", "checkpoint", "bucke
 
 class Counter:
     """Live counts of one step: DDP's all-reduces {collective: [calls, bytes]} and rank 0's held bytes.
-    FSDP2's all-gathers and reduce-scatters are counted by fsdp_comm.count_collectives (chapter 7's)."""
+    FSDP2's all-gathers and reduce-scatters are counted by fsdp_comm.count_collectives (chapter 8's)."""
 
     def __init__(self):
         self.on = False

@@ -63,7 +63,7 @@ def halves(x, y, rank, world):
     return micro[rank], micro
 
 
-# ---- chapter 5: DDP by hand ----
+# ---- chapter 6: DDP by hand ----
 
 def check_ch5_ddp(answer, rank, world, steps: int = 3):
     what = "one process's on the whole batch"
@@ -108,7 +108,7 @@ def check_ch5_ddp(answer, rank, world, steps: int = 3):
 BUCKET_BYTES = 16 * 1024  # the tiny model's blocks: qkv 12 KiB, gate/up/down 8 KiB each; the embedding 1 MiB
 
 
-# ---- chapter 6: a ring all-reduce ----
+# ---- chapter 7: a ring all-reduce ----
 
 def check_ch6_ring_allreduce(answer, rank, world):
     from budget import ring_all_reduce_bytes
@@ -137,7 +137,7 @@ def check_ch6_ring_allreduce(answer, rank, world):
     return None
 
 
-# ---- chapter 6: ZeRO-1 ----
+# ---- chapter 7: ZeRO-1 ----
 
 def optimizer_state_bytes(opt) -> int:
     """Bytes of the optimizer state (tensors of one or more dimensions; step counters are not counted) of
@@ -181,7 +181,7 @@ def check_ch6_zero1(answer, rank, world, steps: int = 3):
     return None
 
 
-# ---- chapter 6: FSDP by hand ----
+# ---- chapter 7: FSDP by hand ----
 
 def check_ch6_fsdp(answer, rank, world, steps: int = 3):
     model, ref = checks.tiny_model(), checks.tiny_model()
@@ -227,8 +227,8 @@ def check_ch6_fsdp(answer, rank, world, steps: int = 3):
     return None
 
 
-CHECKS = {"ch5_ddp": check_ch5_ddp, "ch6_ring_allreduce": check_ch6_ring_allreduce,
-          "ch6_zero1": check_ch6_zero1, "ch6_fsdp": check_ch6_fsdp}
+CHECKS = {"ch6_ddp": check_ch5_ddp, "ch7_ring_allreduce": check_ch6_ring_allreduce,
+          "ch7_zero1": check_ch6_zero1, "ch7_fsdp": check_ch6_fsdp}
 
 
 def main():

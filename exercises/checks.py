@@ -23,8 +23,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 # exercise -> processes it runs on (0: in the test's own process). The ring needs 3: with 2, sending
 # the whole tensor to the other process costs the same bytes as a ring, so the count would prove nothing.
-EXERCISES = {"ch2_flops": 0, "ch3_loss_scaler": 0, "ch4_accumulation": 0, "ch5_ddp": 2,
-             "ch6_ring_allreduce": 3, "ch6_zero1": 2, "ch6_fsdp": 2, "ch11_memory_peak": 0}
+EXERCISES = {"ch2_flops": 0, "ch4_loss_scaler": 0, "ch5_accumulation": 0, "ch6_ddp": 2,
+             "ch7_ring_allreduce": 3, "ch7_zero1": 2, "ch7_fsdp": 2, "ch12_memory_peak": 0}
 ANSWERS_ENV = "EXERCISES_ANSWERS"  # a folder under exercises/ to check instead of the reader's files
 
 
@@ -160,9 +160,9 @@ def check_ch2_flops(answer) -> str | None:
     return None
 
 
-# ---- chapter 3: a loss scaler ----
+# ---- chapter 4: a loss scaler ----
 
-def check_ch3_loss_scaler(answer, steps: int = 12) -> str | None:
+def check_ch4_loss_scaler(answer, steps: int = 12) -> str | None:
     (x, y), = batches(1, 4)
     model, ref = tiny_model(), tiny_model()
     opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
@@ -199,7 +199,7 @@ def check_ch3_loss_scaler(answer, steps: int = 12) -> str | None:
     return None
 
 
-# ---- chapter 4: gradient accumulation ----
+# ---- chapter 5: gradient accumulation ----
 
 def check_ch4_accumulation(answer, k: int = 4) -> str | None:
     from script_support import accumulate_gradients
@@ -218,7 +218,7 @@ def check_ch4_accumulation(answer, k: int = 4) -> str | None:
     return None
 
 
-# ---- chapter 11: the memory ledger's peak ----
+# ---- chapter 12: the memory ledger's peak ----
 
 def memory_shapes(seed: int = 30, n: int = 3):
     """Shapes the test picks: the same draw every time, none a chapter's round numbers."""
@@ -247,5 +247,5 @@ def check_ch11_memory_peak(answer) -> str | None:
     return None
 
 
-CHECKS = {"ch2_flops": check_ch2_flops, "ch3_loss_scaler": check_ch3_loss_scaler,
-          "ch4_accumulation": check_ch4_accumulation, "ch11_memory_peak": check_ch11_memory_peak}
+CHECKS = {"ch2_flops": check_ch2_flops, "ch4_loss_scaler": check_ch4_loss_scaler,
+          "ch5_accumulation": check_ch4_accumulation, "ch12_memory_peak": check_ch11_memory_peak}

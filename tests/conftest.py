@@ -14,7 +14,7 @@ import pytest
 
 SLOW_MODULES = {
     "test_browser": "drives headless Chromium over the built book (builds it first)",
-    "test_calculator": "drives headless Chromium over chapter 11's calculator",
+    "test_calculator": "drives headless Chromium over chapter 12's calculator",
     "test_search_index": "builds a two-page book",
     "test_ddp": "starts two processes with torch.distributed.run",
 }

@@ -2,7 +2,7 @@
 
 Builds the book (strict) if needed, serves _build/html on 127.0.0.1 and checks each page: no console
 errors, its chapter title, its code outputs, its figures decoded, its math rendered. Search for a Chinese
-word from chapter 8 must find chapter 8. A full-page screenshot of each page is kept in
+word from chapter 9 must find chapter 9. A full-page screenshot of each page is kept in
 _build/screenshots/ to look at. No glued value on a built page reads as a Python repr (True, None, nan).
 Every image in a page's cell outputs carries alt text, and in the theme's dark mode every figure is
 opaque and shown on a light background (screenshots in _build/screenshots/dark-*.png). The provenance page has a
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 HTML = REPO / "_build" / "html"
 SHOTS = REPO / "_build" / "screenshots"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-SEARCH_WORD, SEARCH_PAGE = "递减", "chapters/08_scaling"  # 收益递减: diminishing returns
+SEARCH_WORD, SEARCH_PAGE = "递减", "chapters/09_scaling"  # 收益递减: diminishing returns
 
 if not CHROMIUM and os.environ.get("CI") == "true":
     raise RuntimeError("CI needs Debian's chromium for the browser tests: apt-get install chromium")
@@ -109,7 +109,7 @@ def test_page_renders(site, browser, docname):
             assert images, "a page that draws a figure shows no image"
         no_alt = page.eval_on_selector_all(".cell_output img", f"imgs => imgs.filter(i => {NO_ALT_JS}).map(i => i.alt)")
         assert not no_alt, (f"output image(s) without alt text {no_alt}: give the cell that draws each one the "
-                            "option mystnb: image: alt: (see any figure cell of chapter 10)")
+                            "option mystnb: image: alt: (see any figure cell of chapter 11)")
         if "$" in source:
             assert page.locator("mjx-container").count() > 0, "math is not rendered"
             assert "\\frac" not in page.locator("main").inner_text()

@@ -1,4 +1,4 @@
-"""Chapter 11's calculator gives exactly what `python code/budget.py` gives.
+"""Chapter 12's calculator gives exactly what `python code/budget.py` gives.
 
 The built book is served on 127.0.0.1 and opened in headless Chromium with every other request aborted
 (the calculator must work offline, from the book's own _static). For N_CONFIGS seeded random
@@ -30,7 +30,7 @@ from gpus import CATALOG  # noqa: E402
 
 N_CONFIGS = 220
 SEED = 7
-PAGE = "chapters/11_budget.html"
+PAGE = "chapters/12_budget.html"
 FLAGS = [a for a in budget.build_parser()._actions if a.option_strings and a.dest != "help"]
 SWITCHES = {max(a.option_strings, key=len) for a in FLAGS if a.nargs == 0}
 ORDER = [max(a.option_strings, key=len) for a in FLAGS]

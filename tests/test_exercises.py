@@ -26,20 +26,20 @@ WRONG = {
         "untied": rf"for \{{.*\}}: yours is {N} FLOPs per token, measure\.flops_per_token's is {N} \(\+{N}; "
                   r"the tied embedding is counted twice\)",
     },
-    "ch3_loss_scaler": {
+    "ch4_loss_scaler": {
         "never_grows": rf"step \d+: after update\(\) your scale is {N}, torch\.amp\.GradScaler's is {N}",
         "never_skips": r"step \d+: torch\.amp\.GradScaler skipped the optimizer step and yours took it "
                        r"\(a gradient overflowed\)",
         "no_unscale": rf"parameter [\w.]+ differs from torch\.amp\.GradScaler's run at step \d+ by up to {N}",
     },
-    "ch4_accumulation": {
+    "ch5_accumulation": {
         "not_divided": rf"the gradient of tok_emb\.weight differs from the whole batch's \(k=4 micro-batches\) by up "
                        rf"to {N}; yours is 4× its size",
         "zero_grad_each": rf"the gradient of [\w.]+ differs from the whole batch's \(k=4 micro-batches\) by up to "
                           rf"{N}; yours is 0\.\d+× its size",
         "last_loss": rf"your returned loss is {N}; the whole batch's mean loss is {N}",
     },
-    "ch5_ddp": {
+    "ch6_ddp": {
         "no_all_reduce": rf"all_reduce_gradients, step 0: the gradient of [\w.]+ differs from one process's on the "
                          rf"whole batch by up to {N}; yours is {N}× its size",
         "not_averaged": rf"all_reduce_gradients, step 0: the gradient of [\w.]+ differs from one process's on the "
@@ -49,20 +49,20 @@ WRONG = {
         "one_per_parameter": r"BucketedDDP, step 0: (\d+) all-reduces for \1 parameters; with bucket_bytes=16384 the "
                              r"gradients go in buckets, more than one and fewer than one per parameter",
     },
-    "ch6_ring_allreduce": {
+    "ch7_ring_allreduce": {
         "uses_all_reduce": r"rank 0 called all_reduce; a ring all-reduce needs only send and recv",
         "no_all_gather": rf"rank 0, 1536 numbers: element \d+ is {N}, dist\.all_reduce gives {N}",
         "send_to_all": r"rank 0 sent 12,288 bytes with send/isend for a 6,144-byte tensor; a ring all-reduce over "
                        r"3 processes sends 2·\(G−1\)/G of it, 8,192",
     },
-    "ch6_zero1": {
+    "ch7_zero1": {
         "not_sharded": rf"after step 0 rank 0 holds ({N}) bytes of optimizer state; the ledger's ZeRO-1 row "
                        rf"\(memory\.state_bytes\) holds {N} for {N} parameters over 2 processes",
         "no_broadcast": rf"parameter [\w.]+ differs from one process's AdamW after step 0 by up to {N}",
         "shard_by_parameter": rf"after step 0 rank 0 holds {N} bytes of optimizer state; the ledger's ZeRO-1 row "
                               rf"\(memory\.state_bytes\) holds {N} for {N} parameters over 2 processes",
     },
-    "ch6_fsdp": {
+    "ch7_fsdp": {
         "not_averaged": rf"after step 0, parameter [\w.]+ differs from one process's by up to {N} "
                         r"\(fp32 FSDP is exact\)",
         "all_reduce": r"step 0: rank 0 made no reduce_scatter call; FSDP all-gathers the weights and "
@@ -71,7 +71,7 @@ WRONG = {
                        r"free them, FSDP keeps only the shards between uses",
         "whole_copies": rf"rank 0 keeps ({N}) numbers of the \1 parameters; its shard is 1/2 of them",
     },
-    "ch11_memory_peak": {
+    "ch12_memory_peak": {
         "no_temporaries": rf"for Shape\(.*\): your peak is {N} bytes, memory\.step_bytes's is {N} \(-{N}; "
                           r"missing: the ledger's 'logit temporaries'\)",
         "no_weight_copies": rf"for Shape\(.*\): your peak is {N} bytes, memory\.step_bytes's is {N} \(-{N}; "
@@ -132,13 +132,13 @@ def test_reader_command():
     """What a reader types: the book's answers pass; an unwritten skeleton fails in one line."""
     done = reader_command("flops or accumulation", answers="solutions")
     assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-2000:]
-    if not all(pristine(checks.HERE / f"{name}.py") for name in ("ch2_flops", "ch4_accumulation")):
-        pytest.skip("you have started exercises/ch2_flops.py or ch4_accumulation.py; the skeletons' output "
+    if not all(pristine(checks.HERE / f"{name}.py") for name in ("ch2_flops", "ch5_accumulation")):
+        pytest.skip("you have started exercises/ch2_flops.py or ch5_accumulation.py; the skeletons' output "
                     "is checked on an untouched clone")
     todo = reader_command("flops or accumulation")
     assert todo.returncode == 1
     failures = todo.stdout.split("= FAILURES =")[1].split("short test summary")[0]
     lines = [line for line in failures.splitlines() if line.strip() and not line.startswith(("_", "="))]
     assert lines == ["not written yet: edit exercises/ch2_flops.py",
-                     "not written yet: edit exercises/ch4_accumulation.py"], todo.stdout[-2000:]
+                     "not written yet: edit exercises/ch5_accumulation.py"], todo.stdout[-2000:]
     assert "Traceback" not in todo.stdout and "NotImplementedError" not in todo.stdout

@@ -102,8 +102,8 @@ def test_stored_gpu_run(tmp_path):
 def test_a_page_title_is_its_first_level_one_heading_outside_code(tmp_path):
     md = tmp_path / "09_x.md"
     md.write_text("---\nkernelspec:\n  name: python3\n---\n\n```{code-cell} ipython3\n# a comment, not a title\n```\n\n"
-                  "## a section\n\n# 第11章　标题\n\n# 另一个一级标题\n", encoding="utf-8")
-    assert book.title(md) == "第11章　标题"
+                  "## a section\n\n# 第12章　标题\n\n# 另一个一级标题\n", encoding="utf-8")
+    assert book.title(md) == "第12章　标题"
     md.write_text("## only a section\n", encoding="utf-8")
     with pytest.raises(ValueError, match="has no title"):
         book.title(md)

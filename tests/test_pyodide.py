@@ -1,4 +1,4 @@
-"""bookbuild/pyodide.py: what chapter 11's calculator loads, and how a build without Pyodide says so."""
+"""bookbuild/pyodide.py: what chapter 12's calculator loads, and how a build without Pyodide says so."""
 import io
 import json
 import os

@@ -1,8 +1,0 @@
-"""Wrong on purpose: a scaler that halves after an overflow but never grows again."""
-from exercises.solutions.ch3_loss_scaler import LossScaler as Right
-
-
-class LossScaler(Right):
-    def update(self):
-        if self.found_inf:
-            self.scale_value *= 0.5

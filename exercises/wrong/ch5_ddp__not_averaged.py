@@ -1,9 +1,0 @@
-"""Wrong on purpose: sums the gradients over the processes and forgets to divide by their number."""
-import torch.distributed as dist
-
-from exercises.solutions.ch5_ddp import BucketedDDP  # noqa: F401
-
-
-def all_reduce_gradients(model):
-    for p in model.parameters():
-        dist.all_reduce(p.grad)
