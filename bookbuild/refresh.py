@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .book import chapters, script_arguments, warm_font_cache
+from .book import REPO, chapters, script_arguments, warm_font_cache
 from .cuda import SKIP_TAG, is_cuda_cell, keep_stored_gpu_outputs
 
 
@@ -39,10 +39,28 @@ def refresh(md: Path) -> None:
     out = md.with_suffix(".ipynb")
     if out.is_file():  # the cuda cells did not run: keep what a GPU run stored
         keep_stored_gpu_outputs(nb, nbformat.read(out, as_version=4))
+    seconds = time.perf_counter() - t0
     tmp = out.with_suffix(".ipynb.tmp")
     nbformat.write(nb, tmp)
     tmp.replace(out)
-    print(f"{md.name}: {time.perf_counter() - t0:.0f} s", flush=True)
+    record_run_time(md.stem, seconds)
+    print(f"{md.name}: {seconds:.0f} s", flush=True)
+
+
+def record_run_time(chapter: str, seconds: float) -> None:
+    """Store how long the chapter took and how fast a training step is here now, in chapters/run_times.json:
+    what a chapter's estimate_run_time (code/measure.py) scales on a reader's machine."""
+    import json
+
+    sys.path.insert(0, str(REPO / "code"))
+    import measure
+
+    times = json.loads(measure.RUN_TIMES.read_text(encoding="utf-8")) if measure.RUN_TIMES.is_file() else {}
+    times[chapter] = {"seconds": round(seconds, 1), "step_s": round(measure.calibration_step_s(), 4),
+                      "cpu": measure.cpu_name()}
+    tmp = measure.RUN_TIMES.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(dict(sorted(times.items())), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(measure.RUN_TIMES)
 
 
 def main(argv=None) -> int:

@@ -401,6 +401,58 @@ def bucket_shares(prof) -> dict:
     return {k: v / total for k, v in self_us.items()}
 
 
+
+# ---- how long a chapter runs ----
+
+
+RUN_TIMES = Path(__file__).resolve().parent.parent / "chapters" / "run_times.json"  # bookbuild.refresh writes it
+
+
+def calibration_step_s(repeats: int = 5) -> float:
+    """The median of `repeats` fp32 training steps of the default model on 16 × 128 random tokens, after
+    one warm-up: this machine's speed now, the yardstick by which a chapter's stored run time is scaled.
+    The median, not the fastest: a chapter that runs beside other work is slowed as this is."""
+    from model import GPT, GPTConfig
+    from train import configure_optimizer
+
+    torch.manual_seed(0)
+    cfg = GPTConfig()
+    model = GPT(cfg)
+    x = torch.randint(cfg.vocab_size, (16, cfg.seq_len))
+    step = training_step_fn(model, configure_optimizer(model, lr=1e-3, fused=True), x, torch.roll(x, -1, 1))
+    return time_steps({"step": step}, warmup=1, repeats=repeats)["step"]["median_s"]
+
+
+def about(seconds: float) -> str:
+    """A rough duration in Chinese: '约 40 秒', '约 3 分钟'."""
+    if seconds < 95:
+        return f"约 {max(10, round(seconds, -1)):.0f} 秒"
+    return f"约 {seconds / 60:.0f} 分钟"
+
+
+def estimate_run_time(chapter: str) -> None:
+    """Glue `chN_run_estimate` (N: the chapter's number) with how long the chapter should run here: the
+    run that stored its outputs (RUN_TIMES) scaled by how much slower or faster a training step is on
+    this machine now (calibration_step_s, about a second). A rough estimate: the probes that stop at a
+    time budget do not scale with the machine."""
+    stored = json.loads(RUN_TIMES.read_text(encoding="utf-8")).get(chapter) if RUN_TIMES.is_file() else None
+    here = calibration_step_s()
+    number = int(chapter.split("_")[0])
+    if stored is None:
+        glue_measured(f"ch{number}_run_estimate",
+                      "还没有存下的运行可以参照（运行 python -m bookbuild.refresh 之后才有）")
+        print(f"calibration: one training step takes {here * 1e3:.0f} ms here; no stored run of {chapter} to scale")
+        return
+    ratio = here / stored["step_s"]
+    estimate = stored["seconds"] * ratio
+    glue_measured(f"ch{number}_run_estimate",
+                  f"{about(estimate)}：存下本页输出的那次运行用了 {stored['seconds']:.0f} 秒，"
+                  f"这台机器此刻训练一步是那台机器的 {ratio:.2f} 倍时间，就按这个比例推算")
+    print(f"calibration: one training step takes {here * 1e3:.0f} ms here, {stored['step_s'] * 1e3:.0f} ms on "
+          f"the machine that stored this chapter's outputs ({stored['seconds']:.0f} s there); "
+          f"estimated run time here: {estimate:.0f} s")
+
+
 def peak_memory(fn) -> int:
     """Bytes: the most memory fn() holds at once beyond what existed before it, measured.
 

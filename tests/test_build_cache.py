@@ -125,3 +125,18 @@ def test_nbval_skips_a_cuda_cell(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--nbval", "-q", nb.name],
                        cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "1 passed, 1 skipped" in r.stdout, r.stdout + r.stderr
+
+
+def test_refresh_records_the_run_time_and_the_calibration(monkeypatch, tmp_path):
+    import json
+
+    from bookbuild import refresh
+    sys.path.insert(0, str(refresh.REPO / "code"))
+    import measure
+    monkeypatch.setattr(measure, "RUN_TIMES", tmp_path / "run_times.json")
+    monkeypatch.setattr(measure, "calibration_step_s", lambda: 0.123456)
+    (tmp_path / "run_times.json").write_text(json.dumps({"02_speed": {"seconds": 5.0, "step_s": 0.1}}))
+    refresh.record_run_time("01_data_model", 61.26)
+    stored = json.loads((tmp_path / "run_times.json").read_text())
+    assert list(stored) == ["01_data_model", "02_speed"] and stored["02_speed"]["seconds"] == 5.0
+    assert stored["01_data_model"]["seconds"] == 61.3 and stored["01_data_model"]["step_s"] == 0.1235

@@ -12,6 +12,7 @@ Every page has a title (its first `# ` heading, bookbuild.book.title). A page wh
 start with a chapter number (chapters/glossary.md) is a plain page:
 Markdown without code, after the last chapter in _toc.yml, with a row in the front page's table.
 """
+import json
 import os
 import re
 
@@ -143,6 +144,9 @@ def glue_keys(md):
         for node in ast.walk(ast.parse(cell.source)):
             func = getattr(node, "func", None)
             name = getattr(func, "id", None) or getattr(func, "attr", None)
+            if isinstance(node, ast.Call) and name == "estimate_run_time":  # measure.py glues chN_run_estimate
+                keys.append((f"ch{book.chapter_number(md)}_run_estimate", f"ch{book.chapter_number(md)}_", "estimate"))
+                continue
             if not isinstance(node, ast.Call) or name not in GLUE_FUNCTIONS or not node.args:
                 continue
             arg, line = node.args[0], ast.get_source_segment(cell.source, node).splitlines()[0]
@@ -172,3 +176,24 @@ def test_glue_references_name_keys_the_chapter_defines(md):
     prose = "\n".join(c.source for c in jupytext.read(md).cells if c.cell_type == "markdown")
     unknown = sorted({ref for ref in GLUE_ROLE.findall(prose) if not any(re.fullmatch(k, ref) for k in keys)})
     assert not unknown, f"{rel(md)}: the prose refers to glue keys that no code cell of the chapter glues: {unknown}"
+
+
+@pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
+def test_chapter_says_up_front_how_long_it_runs(md):
+    """Before its first section, a chapter glues an estimate of its own run time from a calibration of a
+    second or two (measure.estimate_run_time, scaled from chapters/run_times.json); chapter 1 times its
+    own training steps instead (ch1_est_s)."""
+    n = book.chapter_number(md)
+    text = md.read_text(encoding="utf-8")
+    intro = text[:text.index("\n## ")]
+    if n == 1:
+        assert "{glue:text}`ch1_est_s`" in intro, f"{rel(md)} no longer says before its first section how long it runs"
+        return
+    code = [c.source for c in jupytext.read(md).cells if c.cell_type == "code"]
+    call = f'estimate_run_time("{md.stem}")'
+    assert any(call in src for src in code[:3]), (
+        f"{rel(md)}: one of its first cells should call {call} (code/measure.py), after the setup cell")
+    assert f"{{glue:text}}`ch{n}_run_estimate`" in intro, (
+        f"{rel(md)}: say before the first section how long the chapter runs: {{glue:text}}`ch{n}_run_estimate`")
+    stored = json.loads((book.REPO / "chapters" / "run_times.json").read_text(encoding="utf-8"))
+    assert md.stem in stored, f"{md.stem} has no stored run time: python -m bookbuild.refresh {md.name} records one"

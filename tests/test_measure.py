@@ -296,3 +296,24 @@ def test_glue_measured_reads_as_its_text_on_the_page(monkeypatch):
         record = glued_record(monkeypatch, measure.glue_measured, "k", value, fmt)
         for spec in ("s", ""):  # {glue:text}`key` and {glue:text}`key:s`
             assert format_plain_text(record, spec) == format(value, fmt)
+
+
+def test_about_rounds_a_duration_for_prose():
+    assert measure.about(3) == "约 10 秒" and measure.about(44) == "约 40 秒" and measure.about(94) == "约 90 秒"
+    assert measure.about(95) == "约 2 分钟" and measure.about(380) == "约 6 分钟"
+
+
+def test_estimate_run_time_scales_the_stored_run_by_the_calibration(monkeypatch, tmp_path):
+    glued = {}
+    monkeypatch.setattr(measure, "glue_measured", lambda name, value, fmt="": glued.__setitem__(name, value))
+    monkeypatch.setattr(measure, "calibration_step_s", lambda: 0.3)
+    monkeypatch.setattr(measure, "RUN_TIMES", tmp_path / "run_times.json")
+    measure.estimate_run_time("07_comm_fsdp")  # nothing stored yet: says so
+    assert "还没有存下的运行" in glued["ch7_run_estimate"]
+    (tmp_path / "run_times.json").write_text(json.dumps({"07_comm_fsdp": {"seconds": 100.0, "step_s": 0.15}}))
+    measure.estimate_run_time("07_comm_fsdp")  # twice as slow here: 200 s
+    assert glued["ch7_run_estimate"].startswith("约 3 分钟：") and "2.00 倍" in glued["ch7_run_estimate"]
+
+
+def test_calibration_step_is_a_positive_time():
+    assert 0 < measure.calibration_step_s(repeats=1) < 60
