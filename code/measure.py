@@ -308,6 +308,14 @@ def glue_measured(name: str, value, fmt: str = "") -> None:
     glue(name, MeasuredText(format(value, fmt)), display=False)
 
 
+
+def glue_values(prefix: str, values: dict | None = None, **named) -> None:
+    """Glue values fixed by formula, the same on every machine, each under prefix + its name (a dict's keys,
+    or keyword names): nbval compares them exactly. A measured value goes through glue_measured instead."""
+    from myst_nb import glue
+    for name, value in {**(values or {}), **named}.items():
+        glue(f"{prefix}{name}", value, display=False)
+
 # ---- timing a training step ----
 
 
@@ -446,8 +454,8 @@ def estimate_run_time(chapter: str) -> None:
     ratio = here / stored["step_s"]
     estimate = stored["seconds"] * ratio
     glue_measured(f"ch{number}_run_estimate",
-                  f"{about(estimate)}：存下本页输出的那次运行用了 {stored['seconds']:.0f} 秒，"
-                  f"这台机器此刻训练一步是那台机器的 {ratio:.2f} 倍时间，就按这个比例推算")
+                  f"{about(estimate)}（存下本页输出的那次运行用了 {stored['seconds']:.0f} 秒；"
+                  f"这台机器此刻训练一步的时间是那台机器的 {ratio:.2f} 倍，按这个比例推算）")
     print(f"calibration: one training step takes {here * 1e3:.0f} ms here, {stored['step_s'] * 1e3:.0f} ms on "
           f"the machine that stored this chapter's outputs ({stored['seconds']:.0f} s there); "
           f"estimated run time here: {estimate:.0f} s")

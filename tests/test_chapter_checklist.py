@@ -133,6 +133,20 @@ GLUE_FUNCTIONS = ("glue", "glue_measured")
 GLUE_ROLE = re.compile(r"\{glue(?::\w+)?\}`([^`:]+)")  # {glue:text}`key:,` -> key
 
 
+def glue_values_keys(md, source, node):
+    """The keys of a measure.glue_values call: its literal prefix joined to each literal key of its dict and
+    each keyword name; a computed key (a `**{f"..."}` spread, an f-string) becomes `.+` after the prefix."""
+    import ast
+    line = ast.get_source_segment(source, node).splitlines()[0]
+    if not node.args or not (isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        pytest.fail(f"{rel(md)}: the prefix of `{line}` is not a string literal")
+    prefix = node.args[0].value
+    names = [kw.arg for kw in node.keywords]  # None: a **{...} spread
+    if len(node.args) > 1 and isinstance(node.args[1], ast.Dict):
+        names += [k.value if isinstance(k, ast.Constant) else None for k in node.args[1].keys]
+    return [(re.escape(prefix) + (re.escape(n) if n is not None else ".+"), prefix, line) for n in names]
+
+
 def glue_keys(md):
     """The keys the chapter's code cells glue, as regexes: a string literal as itself, an f-string or a
     literal + expression with `.+` for the computed part. Returns [(regex, literal prefix, line)]."""
@@ -144,6 +158,9 @@ def glue_keys(md):
         for node in ast.walk(ast.parse(cell.source)):
             func = getattr(node, "func", None)
             name = getattr(func, "id", None) or getattr(func, "attr", None)
+            if isinstance(node, ast.Call) and name == "glue_values":  # measure.glue_values(prefix, {...}, **named)
+                keys += glue_values_keys(md, cell.source, node)
+                continue
             if isinstance(node, ast.Call) and name == "estimate_run_time":  # measure.py glues chN_run_estimate
                 keys.append((f"ch{book.chapter_number(md)}_run_estimate", f"ch{book.chapter_number(md)}_", "estimate"))
                 continue

@@ -312,8 +312,16 @@ def test_estimate_run_time_scales_the_stored_run_by_the_calibration(monkeypatch,
     assert "还没有存下的运行" in glued["ch7_run_estimate"]
     (tmp_path / "run_times.json").write_text(json.dumps({"07_comm_fsdp": {"seconds": 100.0, "step_s": 0.15}}))
     measure.estimate_run_time("07_comm_fsdp")  # twice as slow here: 200 s
-    assert glued["ch7_run_estimate"].startswith("约 3 分钟：") and "2.00 倍" in glued["ch7_run_estimate"]
+    assert glued["ch7_run_estimate"].startswith("约 3 分钟（") and "2.00 倍" in glued["ch7_run_estimate"]
 
 
 def test_calibration_step_is_a_positive_time():
     assert 0 < measure.calibration_step_s(repeats=1) < 60
+
+
+def test_glue_values_glues_each_value_under_the_prefix(monkeypatch):
+    import myst_nb
+    glued = {}
+    monkeypatch.setattr(myst_nb, "glue", lambda name, value, display: glued.__setitem__(name, (value, display)))
+    measure.glue_values("ch7_", {"a": 1, "b": "x"}, c=2.5)
+    assert glued == {"ch7_a": (1, False), "ch7_b": ("x", False), "ch7_c": (2.5, False)}
