@@ -121,7 +121,8 @@ def test_exercise(name):
 
 
 def reader_command(k: str, answers: str | None = None) -> subprocess.CompletedProcess:
-    env = {k_: v for k_, v in os.environ.items() if k_ != checks.ANSWERS_ENV}
+    # a reader's own shell: no PYTEST_ADDOPTS of the pytest that runs this test (e.g. --durations) in its output
+    env = {k_: v for k_, v in os.environ.items() if k_ not in (checks.ANSWERS_ENV, "PYTEST_ADDOPTS")}
     if answers:
         env[checks.ANSWERS_ENV] = answers
     return subprocess.run([sys.executable, "-m", "pytest", "exercises", "-k", k], cwd=ROOT, env=env,
