@@ -51,6 +51,10 @@ if os.environ.get("{THREADS_VAR}"):
     import torch
     torch.set_num_threads(int(os.environ["{THREADS_VAR}"]))
 """
+# torch.compile's on-disk cache does not key its kernels on ATEN_CPU_CAPABILITY: a native run that loads
+# kernels an AVX2-capped run compiled corrupts the heap (seen on an Intel AMX CPU with torch 2.13: "malloc():
+# unaligned tcache chunk", the kernel dead in chapter 2). Every configuration but native compiles into its own.
+INDUCTOR_CACHE_VAR = "TORCHINDUCTOR_CACHE_DIR"
 MARGINS_VAR = "BOOK_MARGINS_FILE"  # code/measure.py's check appends one JSON line per assert here
 NO_HANDOFF_VAR = "BOOK_NO_CACHE_HANDOFF"  # bookbuild/nbval_hooks.py hands nothing to the cache when set
 
@@ -91,6 +95,12 @@ def changes_nothing(probe: dict, native: dict) -> bool:
     """A cap that leaves torch's kernels, oneDNN's bf16 implementation and the threads as they were."""
     keys = ("capability", "onednn_bf16_matmul", "threads")
     return all(probe.get(k) == native.get(k) for k in keys)
+
+
+def config_env(name: str, work: Path) -> dict:
+    """The environment variables of configuration `name`: its caps or threads, and for every configuration
+    but native a torch.compile cache of its own under `work` (INDUCTOR_CACHE_VAR)."""
+    return dict(CONFIGS[name], **({} if name == "native" else {INDUCTOR_CACHE_VAR: str(work / f"inductor-{name}")}))
 
 
 def run_chapter(md: Path, env_vars: dict, margins_file: Path) -> dict:
@@ -157,7 +167,7 @@ def main(argv=None) -> int:
         for md in mds:
             report["chapters"][md.name] = {}
             for name in runnable:
-                result = run_chapter(md, CONFIGS[name], tmp / f"{md.stem}.{name}.jsonl")
+                result = run_chapter(md, config_env(name, tmp), tmp / f"{md.stem}.{name}.jsonl")
                 report["chapters"][md.name][name] = result
                 print(f"{md.name:<22} {name:<10} {'pass' if result['passed'] else 'FAIL'} {result['seconds']:>5} s  "
                       f"tightest: {tightest(result['checks'])}  ({result['summary']})", flush=True)

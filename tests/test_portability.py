@@ -55,3 +55,13 @@ def test_check_writes_its_margin_where_the_portability_run_reads_it(tmp_path, mo
     measure.check("gain", 300.0, ">", 100.0)
     [line] = (tmp_path / "m.jsonl").read_text().splitlines()
     assert json.loads(line)["margin"] == 3.0 and os.environ[portability.MARGINS_VAR]
+
+
+def test_each_capped_configuration_compiles_into_a_cache_of_its_own(tmp_path):
+    # torch.compile's shared cache hands kernels compiled under ATEN_CPU_CAPABILITY=avx2 to a native run,
+    # which then corrupts its heap (chapter 2 on an Intel AMX CPU): no two configurations may share one
+    envs = {name: portability.config_env(name, tmp_path) for name in portability.CONFIGS}
+    assert portability.INDUCTOR_CACHE_VAR not in envs["native"]
+    dirs = [env[portability.INDUCTOR_CACHE_VAR] for name, env in envs.items() if name != "native"]
+    assert len(set(dirs)) == len(dirs) == len(portability.CONFIGS) - 1
+    assert all(envs[name].items() >= portability.CONFIGS[name].items() for name in envs)
