@@ -101,18 +101,19 @@ def choose_size(make, sizes, work, call_budget_s: float = CALL_BUDGET_S, margin:
     the smallest, each size is called twice (a warm-up, then a timed call); the next size is tried only
     if this call × the ratio of work × `margin` fits in call_budget_s. The margin covers kernels that
     get slower per unit of work as the size grows (a bf16 matmul without bf16 instructions does).
-    Returns {"size", "fn", "call_s" (the chosen size's timed call), "spent_s" (all calibration calls)}.
+    Returns {"size", "fn", "call_s" (the chosen size's timed call), "spent_s" (all calibration calls),
+    "calls_s" ({size: its timed call} for every size tried)}.
     """
     sizes = sorted(sizes)
-    spent = 0.0
+    spent, calls = 0.0, {}
     for i, size in enumerate(sizes):
         fn = make(size)
         warm = _timed(fn)
-        call = _timed(fn)
+        calls[size] = call = _timed(fn)
         spent += warm + call
         nxt = sizes[i + 1] if i + 1 < len(sizes) else None
         if nxt is None or call * work(nxt) / work(size) * margin > call_budget_s:
-            return {"size": size, "fn": fn, "call_s": call, "spent_s": spent}
+            return {"size": size, "fn": fn, "call_s": call, "spent_s": spent, "calls_s": calls}
 
 
 def matmul_fn(dtype=torch.float32, n: int = 2048):
@@ -124,12 +125,18 @@ def matmul_fn(dtype=torch.float32, n: int = 2048):
 
 
 MATMUL_SIZES = (128, 256, 512, 1024, 2048)
+# A size whose calibration call ran this many times slower per FLOP than the fastest size tried is a stall,
+# not a peak: with 4 threads on 2 cores an fp32 2048³ matmul ran at 3-5 GFLOPS where 1024³ ran at 137 (an
+# Intel AMX CPU), and chapter 2's MFU against that "peak" came out at 15. A bf16 software fallback slows by
+# at most 2× per doubling of n (tests/test_measure.py), so it keeps its largest size.
+STALL_FACTOR = 4
 
 
 def matmul_probe(dtype=torch.float32, sizes=MATMUL_SIZES, call_budget_s: float = CALL_BUDGET_S,
                  budget_s: float = PROBE_BUDGET_S, repeats: int = 5) -> dict:
     """This CPU's matmul speed in `dtype` within a time budget: the size is calibrated (choose_size,
-    at most 2048³), then up to `repeats` calls are timed within what is left of budget_s.
+    at most 2048³), then up to `repeats` calls are timed within what is left of budget_s. The size timed
+    is the largest tried that did not stall (STALL_FACTOR): on a quiet machine, the calibrated one.
 
     Returns {"n", "fn", "flops" (of one call), "flops_s" (of the fastest call), "calls", "seconds"}.
     Without instructions for `dtype` (bf16 on an AVX2 CPU) the chosen n is small, and the result is
@@ -140,9 +147,11 @@ def matmul_probe(dtype=torch.float32, sizes=MATMUL_SIZES, call_budget_s: float =
         made[n] = matmul_fn(dtype, n)
         return made[n][0]
     pick = choose_size(make, sizes, lambda n: n**3, call_budget_s)
-    n, (fn, flops) = pick["size"], made[pick["size"]]
+    rate = {size: size**3 / call for size, call in pick["calls_s"].items()}
+    n = max(size for size in rate if rate[size] * STALL_FACTOR >= max(rate.values()))
+    fn, flops = made[n]
     stats = time_it(fn, warmup=0, repeats=repeats, budget_s=max(0.0, budget_s - pick["spent_s"]))
-    best = min(stats["min_s"], pick["call_s"])
+    best = min(stats["min_s"], pick["calls_s"][n])
     return {"n": n, "fn": fn, "flops": flops, "flops_s": flops / best, "calls": len(stats["times_s"]),
             "seconds": pick["spent_s"] + sum(stats["times_s"])}
 

@@ -154,6 +154,19 @@ def test_matmul_probe_stays_within_its_budget_whatever_the_speed(monkeypatch, sp
             s for n, s in clock.calls if n == probe["n"]))
 
 
+def test_matmul_probe_does_not_take_a_stalled_size_for_the_peak(monkeypatch):
+    # 4 threads on 2 cores (an Intel AMX CPU): fp32 1024³ at 137 GFLOPS, 2048³ at 3-5
+    clock = FakeClock()
+    monkeypatch.setattr(measure, "clock", clock)
+
+    def matmul_fn(dtype=torch.float32, n=2048):
+        speed = 4e9 if n == 2048 else 137e9
+        return (lambda: clock.work(2 * n**3 / speed, n)), 2 * n**3
+    monkeypatch.setattr(measure, "matmul_fn", matmul_fn)
+    probe = matmul_probe(torch.float32, call_budget_s=1.0, budget_s=20.0, repeats=5)
+    assert probe["n"] == 1024 and probe["flops_s"] == pytest.approx(137e9)
+
+
 def test_time_steps_budget_cuts_rounds_then_repeats(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(measure, "clock", clock)
