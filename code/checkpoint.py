@@ -142,7 +142,7 @@ def read_train_state(path: Path, config: dict) -> dict:
         state = json.loads((path / STATE_NAME).read_text(encoding="utf-8"))
         ok = (isinstance(state, dict) and type(state.get("step")) is int and state["step"] >= 0
               and type(state.get("world_size")) is int and state["world_size"] >= 1
-              and state.get("shard") in ("ddp", "fsdp") and type(state.get("skipped_steps", 0)) is int
+              and state.get("shard") in ("ddp", "fsdp", "hsdp") and type(state.get("skipped_steps", 0)) is int
               and isinstance(state.get("settings", {}), dict))
     except (OSError, ValueError, RecursionError):
         ok = False
@@ -245,7 +245,7 @@ def checkpoint_state(t) -> dict:
 def save_checkpoint(t, step: int, train_state: dict) -> Path:
     """Save train_gpu.py's Trainer `t` at `step`; train_state: what train_state.json holds beside the step."""
     train_state = {**train_state, "world_size": t.world, "skipped_steps": t.skipped,
-                   "shard": "fsdp" if t.sharded else "ddp"}
+                   "shard": t.args.shard if t.sharded else "ddp"}
     return save(t.args.out, step, checkpoint_state(t), train_state, t.rank, t.world)
 
 

@@ -35,7 +35,7 @@ LAYOUT_NAMES = {"autocast": "autocast over fp32 weights (train_gpu.py)",
                 "mixed": "bf16 weights and gradients + fp32 master (the ZeRO paper's 16 bytes)",
                 "mixed, fp32 grads": "bf16 weights, fp32 gradients + fp32 master (Megatron-LM's default, 18 bytes)"}
 SCHEMES = ("ddp", "zero1", "zero2", "zero3")
-SCHEME_NAMES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3/FSDP"}
+SCHEME_NAMES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3/FSDP", "hsdp": "HSDP"}
 
 
 def layout_name(layout: str, fp32_grads: bool = False) -> str:
@@ -408,7 +408,8 @@ PRECISIONS = {
     "fp32": "fp32",
 }
 HALF = ("bf16", "fp16")  # FSDP's 16-bit param_dtype
-RUN_SCHEMES = ("ddp", "zero2", "zero3")  # what train_gpu.py runs: --shard ddp, fsdp --no-reshard-after-forward, fsdp
+# what train_gpu.py runs: --shard ddp, fsdp --no-reshard-after-forward, fsdp, hsdp
+RUN_SCHEMES = ("ddp", "zero2", "zero3", "hsdp")
 RING = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}  # messages a ring sends: ×(G-1)/G each
 
 
@@ -418,7 +419,12 @@ class Run:
 
     scheme       ddp; zero2 (FSDP2 per block and the root, the blocks' weights kept gathered from forward
                  to backward: --no-reshard-after-forward); zero3 (FSDP2, weights freed after forward and
-                 gathered again for backward)
+                 gathered again for backward); hsdp (FSDP2 on a 2-D mesh: ZeRO-3 inside each group of
+                 shard_size processes, replicated across the gpus / shard_size groups, whose gradient
+                 shards one all-reduce per step sums)
+    shard_size   hsdp: processes per shard group (train_gpu.py --shard-size; by default those of a node)
+    gpus_per_node processes per machine: which collectives cross the network (run_sent_by_link); None:
+                 all on one machine
     precision    a key of PRECISIONS: autocast (DDP), bf16 (FSDP's param_dtype), fp32
     accum        micro-batches per optimizer step
     sync_every   FSDP: reduce-scatter the gradients after every micro-batch (torchtitan's choice: the
@@ -444,6 +450,8 @@ class Run:
     root_reshard: bool = False
     kernels: str = "gpu"
     n_params: int | None = None  # without a shape (the size alone): the model as one unit, no activations
+    shard_size: int | None = None
+    gpus_per_node: int | None = None
 
     def __post_init__(self):
         if self.shape is None and self.n_params is None:
@@ -454,6 +462,18 @@ class Run:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
         if self.gpus < 1 or self.accum < 1:
             raise ValueError(f"gpus and accum must be at least 1, got {self.gpus} and {self.accum}")
+        if self.scheme == "hsdp" and (not self.shard_size or self.gpus % self.shard_size):
+            raise ValueError(f"hsdp needs a shard_size that divides gpus {self.gpus}, got {self.shard_size}")
+
+    @property
+    def shard_group(self) -> int:
+        """Processes one parameter is sharded over: all of them (ZeRO-2/3), the shard group (HSDP), 1 (DDP)."""
+        return self.shard_size if self.scheme == "hsdp" else self.gpus if self.sharded else 1
+
+    @property
+    def replicas(self) -> int:
+        """Copies of each shard: the processes of DDP, the groups of HSDP, 1 under ZeRO-2/3."""
+        return self.gpus // self.shard_group
 
     @property
     def sharded(self) -> bool:
@@ -475,6 +495,10 @@ class Run:
         if self.scheme == "ddp":
             return (f"DDP over {self.gpus} processes"
                     + (", gradients as bucket views" if self.bucket_view else ", buckets beside the gradients"))
+        if self.scheme == "hsdp":
+            return (f"HSDP over {self.gpus} processes: FSDP2 sharded over {self.shard_group} and replicated "
+                    f"{self.replicas}×, ZeRO-3 inside a group" + (", root resharded" if self.root_reshards else
+                                                                   ", root kept"))
         return (f"FSDP2 over {self.gpus} processes, "
                 + ("ZeRO-3: weights freed after forward" if self.scheme == "zero3"
                    else "ZeRO-2: weights kept from forward to backward")
@@ -519,16 +543,19 @@ def _padded_shard(shape: tuple, gpus: int) -> int:
 
 def unit_numels(run: Run) -> dict:
     """{'root', 'block'}: numbers in one unit, whole (unpadded) and as FSDP2 pads it for its collectives
-    (gpus × the padded shard); the local shard rank 0 holds ('shard')."""
-    s = run.shape
+    (shard group × the padded shard); the local shard rank 0 holds ('shard') and, padded, the gradient
+    shard that HSDP's all-reduce sums ('padded shard')."""
+    s, g = run.shape, max(1, run.shard_group)
     if s is None:  # the size alone: one unit treated as a block (resharded as blocks are), no padding
-        return {"root": {"whole": 0, "padded": 0, "shard": 0},
-                "block": {"whole": run.n_params, "padded": run.n_params, "shard": run.n_params / run.gpus}}
+        return {"root": {"whole": 0, "padded": 0, "shard": 0, "padded shard": 0},
+                "block": {"whole": run.n_params, "padded": run.n_params, "shard": run.n_params / g,
+                          "padded shard": run.n_params / g}}
     out = {}
     for unit, shapes in parameter_units(s.d_model, s.n_layer, s.vocab_size).items():
         out[unit] = {"whole": sum(_numel(p) for p in shapes),
-                     "padded": sum(run.gpus * _padded_shard(p, run.gpus) for p in shapes),
-                     "shard": sum(min(_padded_shard(p, run.gpus), _numel(p)) for p in shapes)}
+                     "padded": sum(g * _padded_shard(p, g) for p in shapes),
+                     "shard": sum(min(_padded_shard(p, g), _numel(p)) for p in shapes),
+                     "padded shard": sum(_padded_shard(p, g) for p in shapes)}
     return out
 
 
@@ -588,6 +615,17 @@ def run_state_bytes(run: Run, n_params: int | None = None) -> dict:
             "whole grads": 4 * n_params if run.accum > 1 and not run.sync_every else 0}
 
 
+def partial_reduce_bytes(run: Run) -> int:
+    """HSDP with sync_every and accumulation: FSDP2 reduce-scatters every micro-batch but all-reduces across
+    the groups only on the last (set_requires_all_reduce(False) before it), summing the reduce-scatters'
+    fp32 outputs, padded shards, in a buffer of their own until then (torch's foreach_reduce,
+    partial_reduce_output)."""
+    if run.scheme != "hsdp" or run.replicas == 1 or run.accum == 1 or not run.sync_every:
+        return 0
+    u = unit_numels(run)
+    return 4 * (u["root"]["padded shard"] + _n_layer(run) * u["block"]["padded shard"])
+
+
 def gathered_bytes(run: Run) -> int:
     """FSDP: bytes of gathered (unsharded) weights held at the end of forward, when the activations
     peak: every block's under zero2, and the root's unless it reshards. (During backward one or two
@@ -609,7 +647,9 @@ def run_messages(run: Run) -> dict:
     FSDP, each micro-batch: forward gathers the root and every block; backward gathers again every
     unit resharded after forward (the blocks under zero3, the root if root_reshard). Reduce-scatters of
     every unit's gradients in reduce_dtype (fp32) on the last micro-batch, or on every one with
-    sync_every. All-gathers travel in param_dtype (bf16 or fp32)."""
+    sync_every. All-gathers travel in param_dtype (bf16 or fp32). HSDP: the same inside each shard group
+    (as zero3), plus, once per step on the last micro-batch, one all-reduce per unit of its fp32 padded
+    gradient shard across the groups."""
     out = {"all_gather": [0, 0], "reduce_scatter": [0, 0], "all_reduce": [0, 0]}
     if run.gpus == 1:
         return out
@@ -618,7 +658,7 @@ def run_messages(run: Run) -> dict:
         out["all_reduce"] = [1, n]  # one message: the sum of its buckets
         return out
     u = unit_numels(run)
-    gathers = {"root": 1 + run.root_reshards, "block": 1 + (run.scheme == "zero3")}
+    gathers = {"root": 1 + run.root_reshards, "block": 1 + (run.scheme in ("zero3", "hsdp"))}
     count = {"root": 1, "block": _n_layer(run)}
     for unit in ("root", "block"):
         calls = count[unit] * gathers[unit] * run.accum
@@ -627,14 +667,48 @@ def run_messages(run: Run) -> dict:
         scatters = count[unit] * (run.accum if run.sync_every else 1)
         out["reduce_scatter"][0] += scatters
         out["reduce_scatter"][1] += scatters * u[unit]["padded"] * 4
+        if run.scheme == "hsdp" and run.replicas > 1:
+            out["all_reduce"][0] += count[unit]
+            out["all_reduce"][1] += count[unit] * u[unit]["padded shard"] * 4
+    if run.shard_group == 1:  # HSDP with groups of one: nothing to gather or scatter
+        out["all_gather"], out["reduce_scatter"] = [0, 0], [0, 0]
     return out
 
 
+def group_sizes(run: Run) -> dict:
+    """{collective: processes in its group}: the all-gathers and reduce-scatters run over the shard group
+    (all processes under ZeRO-2/3), the all-reduce over the replicas (all processes under DDP)."""
+    return {"all_gather": run.shard_group, "reduce_scatter": run.shard_group, "all_reduce": run.replicas}
+
+
+def crosses_nodes(run: Run, collective: str) -> bool:
+    """Whether a collective's group spans machines: HSDP's shard groups (consecutive ranks, never more
+    than one machine: train_gpu.py refuses a larger --shard-size) stay inside one, its all-reduce across the
+    groups (ranks shard_size apart) does not once the run spans machines; and so does every collective
+    over all processes."""
+    per_node = run.gpus_per_node or run.gpus
+    if run.gpus <= per_node or group_sizes(run)[collective] <= 1:
+        return False
+    return not (run.scheme == "hsdp" and collective in ("all_gather", "reduce_scatter"))
+
+
 def run_sent_bytes(run: Run) -> dict:
-    """Bytes each process sends per optimizer step, by collective, with ring collectives: an all-gather
-    or a reduce-scatter of a message of B bytes sends (G-1)/G·B, an all-reduce twice that."""
-    g = run.gpus
-    return {k: RING[k] * (g - 1) * b / g for k, (_, b) in run_messages(run).items()}
+    """Bytes each process sends per optimizer step, by collective, with ring collectives over each one's
+    group of G processes (group_sizes): an all-gather or a reduce-scatter of a message of B bytes sends
+    (G-1)/G·B, an all-reduce twice that."""
+    sizes = group_sizes(run)
+    return {k: RING[k] * (sizes[k] - 1) * b / sizes[k] if sizes[k] > 1 else 0
+            for k, (_, b) in run_messages(run).items()}
+
+
+def run_sent_by_link(run: Run) -> dict:
+    """run_sent_bytes split by the link each collective's ring is limited by: {'node': bytes over the links
+    inside a machine (NVLink), 'network': bytes of collectives whose group spans machines}. A ring that
+    spans machines moves at the network's speed, whichever hops are inside one."""
+    out = {"node": 0.0, "network": 0.0}
+    for k, b in run_sent_bytes(run).items():
+        out["network" if crosses_nodes(run, k) else "node"] += b
+    return out
 
 
 def _n_layer(run: Run) -> int:
@@ -647,6 +721,8 @@ def run_peak_bytes(run: Run, n_params: int | None = None) -> dict:
     shape: the state and the gathered weights alone."""
     out = {k: v for k, v in run_state_bytes(run, n_params).items()}
     out["gathered weights"] = gathered_bytes(run)
+    if partial_reduce_bytes(run):  # HSDP's sum of reduce-scatters awaiting the step's one all-reduce
+        out["partial reduce"] = partial_reduce_bytes(run)
     if run.shape is None:
         out["total"] = sum(out.values())
         return out

@@ -14,11 +14,17 @@ editing the script:
 Rank 0 writes {"world", "runs": [{"combo": {...}, "sent": {...}, "held": {...}}]}; memory.Run with the
 same settings must give the same numbers (tests/test_run_witness.py compares them to the byte).
 
+HSDP (--shard hsdp --shard-size 2, on 4 processes only): FSDP2's all-reduce of the gradient shards across
+the groups is its one dist.all_reduce with a group of its own, counted as "all_reduce"; for every message the
+witness also records the ranks of its group ("groups"), so that a test launched as two machines (two
+torchrun launches, LOCAL_WORLD_SIZE 2 each) sees which collectives cross between them.
+
 sync_every is the script's own flag (--grad-sync every). bucket_view is not a flag: train_gpu.py always
 sets DDP's gradient_as_bucket_view=True; the witness turns it off from outside, for the one combination
 that shows what the second copy of the gradients would cost.
 """
 import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -31,7 +37,7 @@ from fsdp_comm import count_collectives  # noqa: E402
 from script_support import Parser, fail, output_problem, process_group, write_json  # noqa: E402
 
 TINY = {"d_model": 32, "n_layer": 2, "n_head": 2, "seq_len": 32, "micro_batch": 2, "vocab_size": 8192}
-# (scheme, precision, accum, sync_every, checkpoint, bucket_view)
+# (scheme, precision, accum, sync_every, checkpoint, bucket_view); hsdp: shard groups of HSDP_SHARD, 4 processes
 COMBOS = (
     ("ddp", "fp32", 1, False, False, True),
     ("ddp", "fp32", 4, False, True, True),
@@ -44,7 +50,11 @@ COMBOS = (
     ("zero2", "bf16", 4, False, True, False),
     ("zero2", "fp32", 1, False, True, False),
     ("zero2", "bf16", 4, True, False, False),
+    ("hsdp", "fp32", 1, False, False, False),
+    ("hsdp", "bf16", 4, False, False, False),
+    ("hsdp", "bf16", 4, True, True, False),
 )
+HSDP_SHARD, HSDP_WORLD = 2, 4
 COMBO_KEYS = ("scheme", "precision", "accum", "sync_every", "checkpoint", "bucket_view")
 
 
@@ -60,7 +70,8 @@ class Counter:
 
     def reset(self):
         self.sent = {"all_reduce": [0, 0]}
-        self.held = {"whole grads": 0, "gathered weights": 0, "buckets": 0}
+        self.groups = {"all_gather": set(), "reduce_scatter": set(), "all_reduce": set()}
+        self.held = {"whole grads": 0, "gathered weights": 0, "buckets": 0, "partial reduce": 0}
         self.fsdp_before = {k: list(v) for k, v in self.fsdp.items()}
 
     def add(self, name, nbytes):
@@ -75,6 +86,34 @@ class Counter:
 
 
 COUNT = Counter()
+
+
+def _ranks(group) -> tuple:
+    return tuple(dist.get_process_group_ranks(group)) if group is not None else tuple(range(dist.get_world_size()))
+
+
+def watch_groups() -> None:
+    """Wrap FSDP2's collectives once more (over fsdp_comm's counting wrappers): the ranks of each message's
+    group, and FSDP2's all-reduce across HSDP's groups, its only dist.all_reduce given a group."""
+    gather, scatter, reduce = dist.all_gather_single, dist.reduce_scatter_single, dist.all_reduce
+
+    def gathered(output, input, *args, group=None, **kwargs):
+        if COUNT.on:
+            COUNT.groups["all_gather"].add(_ranks(group))
+        return gather(output, input, *args, group=group, **kwargs)
+
+    def scattered(output, input, *args, group=None, **kwargs):
+        if COUNT.on:
+            COUNT.groups["reduce_scatter"].add(_ranks(group))
+        return scatter(output, input, *args, group=group, **kwargs)
+
+    def all_reduced(tensor, *args, group=None, **kwargs):
+        if COUNT.on and group is not None:
+            COUNT.add("all_reduce", _nbytes(tensor))
+            COUNT.groups["all_reduce"].add(_ranks(group))
+        return reduce(tensor, *args, group=group, **kwargs)
+
+    dist.all_gather_single, dist.reduce_scatter_single, dist.all_reduce = gathered, scattered, all_reduced
 
 
 def _nbytes(t) -> int:
@@ -102,12 +141,17 @@ def counting_ddp(bucket_view: bool):
     return Counted
 
 
-def fsdp_params(model):
+def fsdp_groups(model):
     for m in model.modules():
         state = getattr(m, "_get_fsdp_state", None)
         group = state()._fsdp_param_group if state else None
         if group is not None:
-            yield from group.fsdp_params
+            yield group
+
+
+def fsdp_params(model):
+    for group in fsdp_groups(model):
+        yield from group.fsdp_params
 
 
 def watch_fsdp(model) -> None:
@@ -121,6 +165,9 @@ def watch_fsdp(model) -> None:
                     acc = getattr(fp._unsharded_param, "grad", None) if hasattr(fp, "_unsharded_param") else None
                 held += 0 if acc is None else _nbytes(acc)
             COUNT.held["whole grads"] = max(COUNT.held["whole grads"], held)
+            partial = sum(_nbytes(g._partial_reduce_output) for g in fsdp_groups(model)
+                          if g._partial_reduce_output is not None)  # HSDP: reduce-scatters awaiting the all-reduce
+            COUNT.held["partial reduce"] = max(COUNT.held["partial reduce"], partial)
 
     def gathered(module, args, output):
         if COUNT.on:
@@ -141,8 +188,8 @@ def one_run(combo: tuple, world: int, rank: int, out_dir: str) -> dict:
     argv = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()] + [
         f"--global-batch-tokens={tokens}", "--device=cpu", f"--out={out_dir}", f"--precision={precision}",
         "--no-compile", "--steps=1"]
-    argv += ["--shard=ddp"] if scheme == "ddp" else ["--shard=fsdp"] + (
-        ["--no-reshard-after-forward"] if scheme == "zero2" else [])
+    argv += (["--shard=ddp"] if scheme == "ddp" else ["--shard=hsdp", f"--shard-size={HSDP_SHARD}"]
+             if scheme == "hsdp" else ["--shard=fsdp"] + (["--no-reshard-after-forward"] if scheme == "zero2" else []))
     if checkpoint:
         argv.append("--checkpoint-activations")
     if sync_every:
@@ -171,7 +218,7 @@ def one_run(combo: tuple, world: int, rank: int, out_dir: str) -> dict:
     held["optimizer"] = train_gpu.held_bytes(t)["optimizer"]
     held.update(COUNT.held)
     return {"combo": dict(zip(COMBO_KEYS, combo)), "sent": COUNT.step_sent(), "held": held,
-            "n_params": t.raw.num_params()}
+            "groups": {k: sorted(map(list, v)) for k, v in COUNT.groups.items()}, "n_params": t.raw.num_params()}
 
 
 def main(argv=None):
@@ -186,10 +233,13 @@ def main(argv=None):
             fail("the witness needs two or more processes: start it with "
                  "python -m torch.distributed.run --standalone --nproc-per-node 2 code/run_witness.py --out FILE")
         COUNT.fsdp = count_collectives()
+        watch_groups()
         out_dir = str(Path(args.out).with_suffix(".runs"))
-        runs = [one_run(c, ranks.world, ranks.rank, out_dir) for c in COMBOS]
+        runs = [one_run(c, ranks.world, ranks.rank, out_dir) for c in COMBOS
+                if c[0] != "hsdp" or ranks.world == HSDP_WORLD]
         if ranks.rank == 0:
-            write_json(args.out, {"world": ranks.world, "tiny": TINY, "runs": runs})
+            write_json(args.out, {"world": ranks.world, "tiny": TINY, "hsdp_shard": HSDP_SHARD, "runs": runs,
+                                  "gpus_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", ranks.world))})
 
 
 if __name__ == "__main__":

@@ -132,8 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--global-batch-tokens", type=positive_int, default=DEFAULT_GLOBAL_BATCH_TOKENS,
       help="tokens per optimizer step over all processes, the same for any number of processes; "
            "accumulation steps are derived from it (default %(default)s)")
-    a("--shard", choices=("ddp", "fsdp"), default="ddp",
-      help="ddp: every GPU holds the whole model; fsdp: weights, gradients and optimizer state sharded (FSDP2)")
+    a("--shard", choices=("ddp", "fsdp", "hsdp"), default="ddp",
+      help="ddp: every GPU holds the whole model; fsdp: weights, gradients and optimizer state sharded (FSDP2) "
+           "over all processes; hsdp: sharded inside each group of --shard-size processes (a machine), "
+           "replicated across the groups, whose gradient shards one all-reduce per step sums")
+    a("--shard-size", type=positive_int, default=None,
+      help="with --shard hsdp: processes per shard group; it must divide the processes of a machine "
+           "(default: all of them, torchrun's LOCAL_WORLD_SIZE)")
     a("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
       help="with --shard fsdp: free the gathered weights after forward (ZeRO-3, default) or keep them "
            "until backward (--no-...: one all-gather less per micro-batch, more memory; ZeRO-2 in the ledger)")
@@ -331,6 +336,17 @@ def check_args(args, world: int) -> int:
         p.error("uint16 token files hold ids below 65,536; --vocab-size is larger")
     if max(args.timeout_s, args.step_timeout_s or 0) > 1e9:  # past what a timedelta holds
         p.error("--timeout-s and --step-timeout-s must be below 1e9 seconds (30 years)")
+    if args.shard == "hsdp":
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        args.shard_size = args.shard_size or per_node
+        if args.shard_size > per_node or per_node % args.shard_size or world % args.shard_size:
+            p.error(f"--shard-size {args.shard_size} must divide the {per_node} processes of a machine "
+                    f"(and so the {world} of the run): a shard group's all-gathers stay inside one machine")
+        if not args.reshard_after_forward:
+            p.error("--shard hsdp frees the gathered weights after forward (ZeRO-3 inside a group); "
+                    "--no-reshard-after-forward is for --shard fsdp")
+    elif args.shard_size is not None:
+        p.error("--shard-size is for --shard hsdp")
     per_micro = args.micro_batch * args.seq_len * world
     if args.global_batch_tokens % per_micro:
         p.error(f"--global-batch-tokens {args.global_batch_tokens:,} is not a positive multiple of micro-batch × "
@@ -367,10 +383,15 @@ class Trainer:
 
 
 def shard(model: GPT, args, device, precision: str) -> None:
-    """FSDP2 per block, then the root (the tied embedding/head and the final norm)."""
+    """FSDP2 per block, then the root (the tied embedding/head and the final norm). hsdp: on a 2-D mesh,
+    (replicate, shard): each parameter is sharded over its group of --shard-size consecutive ranks
+    (placements Replicate(), Shard(0)) and its gradient shards are all-reduced across the groups."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    world = dist.get_world_size()
+    mesh = (init_device_mesh(device.type, (world // args.shard_size, args.shard_size),
+                             mesh_dim_names=("replicate", "shard"))
+            if args.shard == "hsdp" else init_device_mesh(device.type, (world,)))
     dtype = DTYPES[precision]
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
     for block in model.blocks:
@@ -382,7 +403,7 @@ def setup(args, device, rank: int, world: int, accum: int, precision: str, data:
     """Build, shard and initialise the model; the optimizer, the loss scaler and the sampler."""
     cuda = device.type == "cuda"
     use_compile = cuda if args.compile is None else args.compile
-    sharded = args.shard == "fsdp" and world > 1
+    sharded = args.shard in ("fsdp", "hsdp") and world > 1
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls left outside autocast use TF32
         torch.backends.cudnn.allow_tf32 = True
@@ -419,6 +440,15 @@ def no_sync(t: Trainer):
     """The context that skips the gradient reduction of a micro-batch that is not the step's last."""
     if t.world == 1:
         return None
+    if t.sharded and t.args.grad_sync == "every" and t.args.shard == "hsdp":
+        @contextlib.contextmanager
+        def hsdp_no_all_reduce():  # reduce-scatter every backward, all-reduce across groups on the last only
+            t.model.set_requires_all_reduce(False)
+            try:
+                yield
+            finally:
+                t.model.set_requires_all_reduce(True)
+        return hsdp_no_all_reduce
     if t.sharded and t.args.grad_sync == "every":
         return None  # every backward reduce-scatters: the gradients stay shards
     if t.sharded:
@@ -563,11 +593,14 @@ def describe_run(t: Trainer, data: TokenSource, log: RunLog, ledger: float) -> N
 
 def planned_run(args, world: int, accum: int, precision: str) -> Run:
     """This run as code/memory.py describes it: what the ledger, the budget and the start line count."""
-    sharded = args.shard == "fsdp" and world > 1
-    scheme = "ddp" if not sharded else "zero3" if args.reshard_after_forward else "zero2"
+    sharded = args.shard in ("fsdp", "hsdp") and world > 1
+    scheme = ("ddp" if not sharded else args.shard if args.shard == "hsdp" else
+              "zero3" if args.reshard_after_forward else "zero2")
     shape = Shape(args.d_model, args.n_layer, args.n_head, args.seq_len, args.micro_batch, args.vocab_size)
     return Run(shape, gpus=world, scheme=scheme, precision=precision, accum=accum,
-               sync_every=args.grad_sync == "every", checkpoint=args.checkpoint_activations)
+               sync_every=args.grad_sync == "every", checkpoint=args.checkpoint_activations,
+               shard_size=args.shard_size if scheme == "hsdp" else None,
+               gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
 
 
 def ledger_mib(run: Run, n_params: int) -> float:
