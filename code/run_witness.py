@@ -224,6 +224,8 @@ def one_run(combo: tuple, world: int, rank: int, out_dir: str) -> dict:
 def main(argv=None):
     p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="JSON file rank 0 writes")
+    p.add_argument("--schemes", nargs="+", choices=sorted({c[0] for c in COMBOS}), default=None,
+                   help="witness only these schemes' combinations (default: all)")
     args = p.parse_args(argv)
     problem = output_problem(args.out)
     if problem:
@@ -236,7 +238,7 @@ def main(argv=None):
         watch_groups()
         out_dir = str(Path(args.out).with_suffix(".runs"))
         runs = [one_run(c, ranks.world, ranks.rank, out_dir) for c in COMBOS
-                if c[0] != "hsdp" or ranks.world == HSDP_WORLD]
+                if (c[0] != "hsdp" or ranks.world == HSDP_WORLD) and c[0] in (args.schemes or [c[0]])]
         if ranks.rank == 0:
             write_json(args.out, {"world": ranks.world, "tiny": TINY, "hsdp_shard": HSDP_SHARD, "runs": runs,
                                   "gpus_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", ranks.world))})

@@ -78,7 +78,7 @@ def test_hsdp_on_two_machines_sends_only_the_all_reduce_between_them(tmp_path):
     port, out = _free_port(), tmp_path / "witness.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"witness{port}",
-           "--rdzv-conf", "join_timeout=30", str(WITNESS), "--out", str(out)]
+           "--rdzv-conf", "join_timeout=30", str(WITNESS), "--out", str(out), "--schemes", "hsdp", "ddp"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
                               start_new_session=True) for _ in range(2)]
