@@ -3,6 +3,7 @@
     python code/train_gpu.py                                         # 1 GPU
     torchrun --standalone --nproc-per-node 8 code/train_gpu.py       # 8 GPUs, DDP
     torchrun --standalone --nproc-per-node 8 code/train_gpu.py --shard fsdp   # 8 GPUs, sharded (ZeRO-3)
+    torchrun --nnodes 8 --nproc-per-node 8 ... code/train_gpu.py --shard hsdp  # 64: sharded per machine (HSDP)
     python code/train_gpu.py --device cpu --d-model 64 --n-layer 2 --n-head 2 --seq-len 64 \\
         --micro-batch 4 --global-batch-tokens 1024 --steps 20 --log-every 5 --out /tmp/smoke   # on a CPU
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
@@ -31,8 +32,13 @@ tied head. Under accumulation --grad-sync last (default) makes the reduce-scatte
 last micro-batch, so each process holds the whole fp32 gradients until then (4 bytes per parameter) and
 sends them once; --grad-sync every reduce-scatters after each micro-batch and holds only shards. The
 sharded model is built on the meta device, sharded, then initialised one parameter at a time
-(model.init_per_parameter), equal to the same seed's unsharded model. ZeRO-1 is not implemented; with
-one process --shard fsdp trains the plain model.
+(model.init_per_parameter), equal to the same seed's unsharded model. hsdp, beyond one machine: FSDP2 on
+a 2-D mesh (replicate, shard), ZeRO-3 inside each group of --shard-size consecutive processes (default: a
+machine's, LOCAL_WORLD_SIZE), replicated across the groups; the gathers and reduce-scatters stay on the
+machine's own links, and once per step one all-reduce of the fp32 gradient shards (4 bytes per parameter
+over the group) crosses the network (with --grad-sync every the reduce-scatters run every micro-batch and
+that all-reduce still only on the last: set_requires_all_reduce). ZeRO-1 is not implemented; with one
+process --shard fsdp or hsdp trains the plain model.
 
 Precision (--precision auto): bf16 where the GPU has it, else fp16 with a GradScaler (an overflowed step is
 skipped and counted, the overflow flag all-reduced under FSDP, the scaler's state saved with a
