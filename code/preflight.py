@@ -36,6 +36,7 @@ CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights and AdamW's two moments
 KEPT_CHECKPOINTS = 2  # checkpoint.py keeps the last two complete checkpoints (torchtitan keeps at least two)
 STOP_POLL_S = 10  # the longest the processes may take to agree on a stop (train_gpu.py's stop poll)
 EXIT_WARNED = 78  # train_gpu.py --preflight's status when a check warns (EX_CONFIG: not the box planned for)
+CPU_MATMUL_N = 1024  # under a second on a CPU in fp32 (a CPU without bf16/fp16 instructions: seconds in 16 bits)
 MATMUL_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -90,18 +91,18 @@ def link_verdict(bus_gb_s: float, mib: float, plan: Assumed) -> tuple:
 
 
 def disk_verdict(speed: float, free: float, held: float, part: float, stop_poll_s: float) -> tuple:
-    """(warnings, line) for --out: `speed` bytes/s written, `free` bytes free, `held` bytes of the
+    """(warnings, lines) for --out: `speed` bytes/s written, `free` bytes free, `held` bytes of the
     checkpoints already there, `part` bytes of one checkpoint this node writes."""
     save_s = part / speed
     in_time = stop_poll_s + save_s < SHUTDOWN_TIMEOUT_S / 2
     need = (KEPT_CHECKPOINTS + 1) * part  # the kept ones, and the next written before the oldest is deleted
     room = free + held >= need
-    return (not in_time) + (not room), (
+    return (not in_time) + (not room), [
         f"  disk in --out: {speed / 1e6:,.0f} MB/s written and fsynced; this node's part of a checkpoint, "
-        f"{part / 1e9:,.2f} GB, takes about {save_s:,.1f} s, after up to {stop_poll_s:g} s for the processes "
-        f"to agree on the stop; a preemption notice leaves {SHUTDOWN_TIMEOUT_S} s (warn above half): "
-        f"{_verdict(in_time)}; {(free + held) / 1e9:,.1f} GB free for the {KEPT_CHECKPOINTS} kept checkpoints "
-        f"and the one being written, {need / 1e9:,.2f} GB: {_verdict(room)}")
+        f"{part / 1e9:,.2f} GB, takes about {save_s:,.1f} s, after up to {stop_poll_s:g} s for the processes to "
+        f"agree on the stop; a preemption notice leaves {SHUTDOWN_TIMEOUT_S} s (warn above half): {_verdict(in_time)}",
+        f"  disk space in --out: {(free + held) / 1e9:,.1f} GB free (checkpoints already there included) for "
+        f"the {KEPT_CHECKPOINTS} checkpoints kept and the next being written, {need / 1e9:,.2f} GB: {_verdict(room)}"]
 
 
 def _bytes_under(folder: Path) -> int:
@@ -145,7 +146,7 @@ def run(t, ledger_mib: float, log, stop_poll_s: float = STOP_POLL_S) -> int:
     log(f"preflight: {world} process(es) on {name or 'cpu'}" + (f" → {plan.gpu.name}" if plan.gpu else "")
         + f"; the plan: {t.args.shard}, {t.precision}, ledger {ledger_mib:,.0f} MiB per device")
 
-    n = 8192 if cuda else 1024  # large enough to reach a GPU's peak; under a second on a CPU in fp32
+    n = 8192 if cuda else CPU_MATMUL_N  # large enough to reach a GPU's peak
     a, b = (torch.randn(n, n, device=device, dtype=plan.dtype) for _ in range(2))
     flops = [2 * n**3 / s for s in _per_rank(_timed(lambda: a @ b, 5 if cuda else 3, device), rank, world, device)]
     warned, line = matmul_verdict(flops, n, plan, cuda)
@@ -190,7 +191,8 @@ def run(t, ledger_mib: float, log, stop_poll_s: float = STOP_POLL_S) -> int:
         warned, line = disk_verdict(speed, shutil.disk_usage(out).free, _bytes_under(out / CKPT_DIR), part,
                                     stop_poll_s)
         warnings += warned
-        log(line)
+        for x in line:
+            log(x)
 
     if cuda:
         free = torch.cuda.mem_get_info(device)[0] / 2**20
