@@ -28,7 +28,13 @@ What it assumes (each one a flag where a reader may differ):
               micro-batches nearest it, and every memory and communication row is computed with it;
   command     the train_gpu.py command of the first scheme that fits (ZeRO-1 has no flag: the closest,
               --shard fsdp --no-reshard-after-forward, is printed with what it costs), with this shape,
-              vocabulary, micro-batch, global batch in tokens and --checkpoint-activations;
+              vocabulary, micro-batch, global batch in tokens and --checkpoint-activations, under the
+              torchrun flags launch/ uses (gpus.TORCHRUN_STOP_FLAGS: SIGUSR1 forwarded, 170 s to save)
+              and with --out and --auto-resume (across machines HOST, RUN and OUT are yours: the first
+              node's address, a job id, a folder every node sees); where nothing fits, the command of
+              the largest micro-batch that fits, or with --checkpoint-activations, said in a note;
+  params      with a shape, N is the shape's count (what train_gpu.py builds) in every row; a --params
+              that differs is said in one line;
   step        one optimizer step = GPUs × micro-batch × seq-len × accumulation tokens; its compute time
               at this MFU, beside the time its communication takes over the GPU's link (code/gpus.py,
               per direction; across machines the slower of it and --node-link-gbit) with ring
@@ -53,7 +59,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import memory  # noqa: E402
 from arguments import Parser, positive, positive_int  # noqa: E402
-from gpus import CATALOG, GPUS  # noqa: E402
+from gpus import CATALOG, DEFAULT_GPUS_PER_NODE, DEFAULT_NODE_LINK_GBIT, GPUS, TORCHRUN_STOP_FLAGS, link_bytes_per_s  # noqa: E402,E501
 from shapes import flops_per_token, param_count  # noqa: E402
 
 USABLE_FRACTION = 0.9
@@ -64,9 +70,6 @@ GPT2_VOCAB = 50257  # GPT-2's tokenizer (Radford et al. 2019): every reference r
 REFERENCE_VOCAB = GPT2_VOCAB
 BOOK_VOCAB = 8192  # the book's tokenizer, and train_gpu.py's --vocab-size default
 DEFAULT_SEQ_LEN = 2048
-DEFAULT_GPUS_PER_NODE = 8
-# one 400 Gb/s InfiniBand (NDR) port per GPU, as NVIDIA's DGX H100 has (8 ConnectX-7, DGX H100 datasheet)
-DEFAULT_NODE_LINK_GBIT = 400
 
 
 @dataclass(frozen=True)
@@ -225,17 +228,6 @@ def _logits(parts: dict) -> float:
 
 def _activations(parts: dict) -> float:
     return sum(parts.get(k, 0) for k in ("layers", "recomputed block", "head", "weight copies"))
-
-
-def link_bytes_per_s(gpus: int, link_gb_s: float | None, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
-                     node_link_gbit: float = DEFAULT_NODE_LINK_GBIT) -> float | None:
-    """Bytes per second one GPU sends in a ring: its link inside a machine; once the ring leaves the
-    machine, the slower of that and the network port (a ring is as fast as its slowest hop)."""
-    if link_gb_s is None:
-        return None
-    if gpus <= gpus_per_node:
-        return link_gb_s * 1e9
-    return min(link_gb_s * 1e9, node_link_gbit * 1e9 / 8)
 
 
 BACKWARD_SHARE = 4 / 6  # backward's share of a step's compute: 4N of the 6N FLOPs per token
@@ -429,6 +421,10 @@ def report(est: dict, gpu_label: str, peak_flops: float, mfu: float, memory_gb, 
     ]
     if est.get("vocab_size") is not None and est["attention_share"] is not None:
         lines.insert(1, f"vocabulary  {est['vocab_size']:,}: {est['vocab_source']}")
+    given = est.get("params_given")
+    if given is not None and est["attention_share"] is not None and given != n:
+        lines.insert(1, f"params      --params {given:,.0f} is not this shape's count; every figure here uses the "
+                        f"shape's {n:,.0f}, the model train_gpu.py builds from it (code/shapes.py)")
     if est["cost"] is not None:
         lines.append(f"cost        {est['cost']:,.0f} (GPU-hours × price per GPU-hour)")
     lines.append(f"memory per GPU (GB): {memory_label(layout, fp32_grads)}; activations of eager autograd "
@@ -553,6 +549,7 @@ def command_lines(est: dict, shape, gpus_per_node: int, layout: str, checkpoint:
     launch = (["torchrun", "--standalone", f"--nproc-per-node={gpus}"] if nodes == 1 else
               ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={gpus // nodes}", "--rdzv-backend=c10d",
                "--rdzv-endpoint=HOST:29500", "--rdzv-id=RUN"])
+    launch += TORCHRUN_STOP_FLAGS  # as launch/ runs it: a preemption notice ends in a checkpoint, not a kill
     flags = ["--d-model", shape.d_model, "--n-layer", shape.n_layer, "--n-head", shape.n_head, "--vocab-size",
              shape.vocab_size, "--seq-len", shape.seq_len, "--micro-batch", shape.micro_batch,
              "--global-batch-tokens", st["tokens"], "--steps", math.ceil(st["steps"]), *SHARD_FLAGS[scheme]]
@@ -560,7 +557,43 @@ def command_lines(est: dict, shape, gpus_per_node: int, layout: str, checkpoint:
         flags.append("--checkpoint-activations")
     if scheme != "ddp" and st["grad_accum"] > 1:  # the choice the rows were computed with, said explicitly
         flags += ["--grad-sync", "every" if est["memory"][scheme]["sync_every"] else "last"]
+    # a requeued or restarted job continues from its newest checkpoint; across machines OUT must be a
+    # folder every node sees (each writes its own shards there)
+    flags += ["--out", "out_gpu" if nodes == 1 else "OUT", "--auto-resume"]
     return lines + ["command     " + " ".join(str(x) for x in [*launch, "code/train_gpu.py", *flags])]
+
+
+def fitting_lines(argv: list, est: dict, checkpoint: bool) -> list:
+    """When no scheme fits, the command of the nearest plan that does, by the budget's own search: the
+    largest micro-batch that fits under some scheme (max_micro_batch); where not even one sequence
+    fits, --checkpoint-activations at this micro-batch, or at the largest that fits with it."""
+    asked = est["step"]["micro_batch"]
+    best = max(m["max_micro_batch"] or 0 for m in est["memory"].values())
+    extra = ["--micro-batch", str(best)] if best else []
+    if not best and not checkpoint:
+        with_ck = plan([*argv, "--checkpoint-activations"], fallback=False)["est"]["memory"].values()
+        if any(m["fits"] for m in with_ck):
+            extra = ["--checkpoint-activations"]
+        elif max(m["max_micro_batch"] for m in with_ck):
+            extra = ["--checkpoint-activations", "--micro-batch", str(max(m["max_micro_batch"] for m in with_ck))]
+    if not extra:
+        return [f"command     none: not even one sequence per GPU fits under any scheme"
+                f"{'' if checkpoint else ', with --checkpoint-activations or without'}; shard over more GPUs "
+                "(see the verdict)"]
+    if "--micro-batch" in extra:  # replaces the one asked for
+        argv = [a for i, a in enumerate(argv) if not (a == "--micro-batch" or a.startswith("--micro-batch=")
+                                                      or (i and argv[i - 1] == "--micro-batch"))]
+    fitting = [*argv, *extra]
+    return [f"note        nothing fits at micro-batch {asked}{'' if checkpoint else ' without checkpointing'}; "
+            f"the command below is the plan with {' '.join(extra)}, "
+            + ("the largest micro-batch that fits" if "--micro-batch" in extra else "with which it fits")
+            + f" (python code/budget.py {' '.join(fitting)} prints its rows)",
+            *command_lines_of(plan(fitting, fallback=False))]
+
+
+def command_lines_of(p: dict) -> list:
+    return command_lines(p["est"], p["shape"], p["args"].gpus_per_node, p["args"].layout,
+                         p["args"].checkpoint_activations)
 
 
 def _mfu(text: str) -> float:
@@ -640,9 +673,10 @@ def _finite(x) -> bool:
     return not isinstance(x, float) or math.isfinite(x)
 
 
-def plan(argv: list) -> dict:
+def plan(argv: list, fallback: bool = True) -> dict:
     """Parse a command line (not empty) and estimate it: what main prints, as numbers. A bad argument
-    ends in SystemExit with one line on stderr, as on the command line."""
+    ends in SystemExit with one line on stderr, as on the command line. fallback: where nothing fits,
+    print the command of the nearest plan that does (fitting_lines)."""
     parser = build_parser()
     # argparse takes "-1e9" for an option; glue such a value to its flag so the check below can name it
     merged = []
@@ -678,7 +712,9 @@ def plan(argv: list) -> dict:
             parser.error(f"{e}; choose --n-head so that d-model / n-head is even")
     elif args.n_head is not None or args.checkpoint_activations:
         parser.error("--n-head and --checkpoint-activations need the shape: --d-model and --n-layer")
-    n = args.params if args.params is not None else param_count(args.d_model, args.n_layer, vocab)
+    # one count everywhere: with a shape, the parameters train_gpu.py builds from it (FSDP's shards, the
+    # bytes sent and the activations need the shape), whatever --params says; the report says so
+    n = args.params if shape is None else param_count(args.d_model, args.n_layer, vocab)
     gpu = GPUS.get(args.gpu.lower())
     if gpu is None and args.peak_tflops is None:
         parser.error(f"unknown GPU {args.gpu!r}; known: {', '.join(g.name for g in CATALOG)} "
@@ -713,15 +749,18 @@ def plan(argv: list) -> dict:
                    seq_len=args.seq_len, micro_batch=args.micro_batch, grad_accum=grad_accum,
                    link_bytes_s=link, grad_sync=args.grad_sync)
     est["step"].update(target_tokens=target, batch_source=batch_source)
-    est.update(vocab_size=vocab, vocab_source=vocab_why, model=args.model)
+    est.update(vocab_size=vocab, vocab_source=vocab_why, model=args.model, params_given=args.params)
     if not _finite(est) or not est["step"]["compute_s"] > 0:
         parser.error("these numbers are beyond what a float can hold (a result overflows); use realistic sizes")
     peak_label = "dense peak" if custom else f"{gpu.precision} dense peak"
-    text = "\n".join([report(est, label, peak, args.mfu, memory_gb, args.layout, args.checkpoint_activations,
-                              link_label, args.fp32_grads, peak_label),
-                       *command_lines(est, shape, args.gpus_per_node, args.layout, args.checkpoint_activations)])
-    return dict(args=args, est=est, shape=shape, label=label, peak=peak, memory_gb=memory_gb, link_gb_s=link_gb_s,
-                link_label=link_label, text=text)
+    p = dict(args=args, est=est, shape=shape, label=label, peak=peak, memory_gb=memory_gb, link_gb_s=link_gb_s,
+             link_label=link_label)
+    commands = command_lines_of(p)
+    if fallback and commands and args.layout == "autocast" and not any(m["fits"] for m in est["memory"].values()):
+        commands = fitting_lines(merged, est, args.checkpoint_activations)
+    p["text"] = "\n".join([report(est, label, peak, args.mfu, memory_gb, args.layout, args.checkpoint_activations,
+                                  link_label, args.fp32_grads, peak_label), *commands])
+    return p
 
 
 # ---- the calculator's memory figure: where each bar, line and label goes (calculator.js only draws) ----

@@ -1,7 +1,9 @@
 """GPUs the book's scripts know: dense tensor-core peak, memory, and the lookup from a CUDA device.
 
 budget.py plans a run with these figures; train_gpu.py reads the peak of the GPU it runs on to
-report MFU. A GPU missing here, or one whose SM count does not match its name (a MIG slice, a
+report MFU, and its --preflight compares the box with them. Below the catalog: what a ring of GPUs sends
+per second once it spans machines (link_bytes_per_s), and the torchrun flags launch/ starts a run with,
+which budget.py prints in its command. A GPU missing here, or one whose SM count does not match its name (a MIG slice, a
 cut-down variant), gets no MFU rather than another GPU's peak.
 
 The lookup uses the device name *and* its SM count (torch.cuda.get_device_properties(i)
@@ -143,3 +145,29 @@ def describe_peak(device_name: str, sm_count: int | None):
         return None, (f"{device_name}{sms} is not in the peak table (code/gpus.py): no MFU; "
                       f"pass --peak-tflops to get one")
     return g.peak_flops, f"{device_name}{sms} → {g.name}, {g.precision} dense peak {g.peak_flops / 1e12:g} TFLOP/s"
+
+
+# ---- beyond one machine: the network, and the launcher ------------------------------------------------
+DEFAULT_GPUS_PER_NODE = 8
+# one 400 Gb/s InfiniBand (NDR) port per GPU, as NVIDIA's DGX H100 has (8 ConnectX-7, DGX H100 datasheet)
+DEFAULT_NODE_LINK_GBIT = 400
+
+
+def link_bytes_per_s(gpus: int, link_gb_s: float | None, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+                     node_link_gbit: float = DEFAULT_NODE_LINK_GBIT) -> float | None:
+    """Bytes per second one GPU sends in a ring: its link inside a machine; once the ring leaves the
+    machine, the slower of that and the network port (a ring is as fast as its slowest hop)."""
+    if link_gb_s is None:
+        return None
+    if gpus <= gpus_per_node:
+        return link_gb_s * 1e9
+    return min(link_gb_s * 1e9, node_link_gbit * 1e9 / 8)
+
+
+# torchrun's flags for a preemptible run, as launch/slurm.sbatch and launch/skypilot.yaml pass them
+# (tests/test_budget.py compares): forward SIGUSR1 (Slurm's notice before the time limit) as well as
+# SIGTERM to the workers, and give them SHUTDOWN_TIMEOUT_S to save before torchrun kills them (its
+# default is 30 s; Slurm's notice in launch/ is 180 s, so 170 leaves the job time to requeue).
+SHUTDOWN_TIMEOUT_S = 170
+TORCHRUN_STOP_FLAGS = ("--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+                       f"--shutdown-timeout={SHUTDOWN_TIMEOUT_S}")

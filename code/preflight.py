@@ -1,31 +1,112 @@
 """train_gpu.py --preflight: is this box the one the budget assumed? About a minute, before a run is paid for.
 
 Each process measures, and rank 0 prints beside what the plan assumes, with a verdict (ok / WARN):
-- matmul: each process's own (bf16 on a GPU, fp32 on a CPU) against the catalog's dense peak
-  (code/gpus.py); one slow process (a throttling GPU) slows every step of the others;
-- all-reduce bus bandwidth over all processes, against the catalog's link (NCCL reaches 70-90 %);
+- matmul: each process's own, in the run's precision (bf16; fp16 on a GPU without bf16, T4 and V100;
+  fp32 on a CPU), against the catalog's dense peak (code/gpus.py); one slow process (a throttling
+  GPU) slows every step of the others;
+- all-reduce bus bandwidth over all processes, against the link the budget assumes for this many
+  machines (gpus.link_bytes_per_s: the GPU's own link inside one, the network port across several;
+  machines = processes / LOCAL_WORLD_SIZE); NCCL reaches 70-90 % of a link;
 - host-to-device copies from pinned memory (on a CPU: a host memory copy);
-- disk write speed in --out (fsynced), and from it how long this run's checkpoint takes against the
-  170 s launch/ gives torchrun's --shutdown-timeout after a preemption notice;
+- disk in --out: its write speed (fsynced), and from it whether the worst wait before the processes
+  agree on a stop (stop_poll_s) plus this run's checkpoint fit in the 170 s launch/ gives torchrun's
+  --shutdown-timeout after a preemption notice; its free space against the checkpoints a run keeps
+  (the last KEPT_CHECKPOINTS, and the next one written before the oldest goes);
 - free device memory against the memory ledger's peak per device (code/memory.py);
 - the GPU and NUMA topology where nvidia-smi or lscpu exist.
 On a CPU the same checks run with gloo; there is no catalog peak to compare the matmul with.
+train_gpu.py --preflight exits EXIT_WARNED when a check warns, so a launch script can stop there.
 """
 import os
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from gpus import gpu_for_device
+from checkpoint import CKPT_DIR
+from gpus import SHUTDOWN_TIMEOUT_S, gpu_for_device, link_bytes_per_s
 
 MATMUL_FRACTION = 0.6  # a GPU below 60 % of its dense peak on a large matmul is throttled or mislabelled
 LINK_FRACTION = 0.5  # NCCL's all-reduce bus bandwidth is typically 70-90 % of the link
-SHUTDOWN_S = 170  # launch/'s --shutdown-timeout: the time a checkpoint has after a preemption notice
 CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights and AdamW's two moments
+KEPT_CHECKPOINTS = 2  # checkpoint.py keeps the last two complete checkpoints (torchtitan keeps at least two)
+STOP_POLL_S = 10  # the longest the processes may take to agree on a stop (train_gpu.py's stop poll)
+EXIT_WARNED = 78  # train_gpu.py --preflight's status when a check warns (EX_CONFIG: not the box planned for)
+CPU_MATMUL_N = 1024  # under a second on a CPU in fp32 (a CPU without bf16/fp16 instructions: seconds in 16 bits)
+MATMUL_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Assumed:
+    """What the plan assumes of this box: the catalog's GPU (None: not in it, or a CPU), the precision
+    the run multiplies in, and the link one GPU sends at in a ring over this many machines."""
+    gpu: object
+    precision: str
+    nodes: int
+    link_bytes_s: float | None
+    link: str
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return MATMUL_DTYPES[self.precision]
+
+
+def assumed(device_name: str | None, sm_count: int | None, precision: str, world: int, local_world: int) -> Assumed:
+    """The plan for a box: device_name None is a CPU; the machines are world / local_world processes
+    each, and the link is the budget's own (gpus.link_bytes_per_s) for that many."""
+    gpu = None if device_name is None else gpu_for_device(device_name, sm_count)
+    nodes = max(1, world // max(1, local_world))
+    link = None if gpu is None else link_bytes_per_s(world, gpu.link_gb_s, gpus_per_node=max(1, local_world))
+    label = "" if link is None else (gpu.link if nodes == 1 or link == gpu.link_gb_s * 1e9 else
+                                     f"{nodes} machines: the network port between them, slower than {gpu.link}")
+    return Assumed(gpu, precision, nodes, link, label)
+
+
+def matmul_verdict(flops: list, n: int, plan: Assumed, cuda: bool) -> tuple:
+    """(warned, line) for the processes' matmul FLOP/s in the run's precision."""
+    unit, scale = ("TFLOP/s", 1e12) if cuda else ("GFLOP/s", 1e9)
+    line = ", ".join(f"{f / scale:,.1f}" for f in flops) + " " + unit
+    what = f"  matmul {n}³ {plan.precision} per process: {line}"
+    if plan.gpu is not None and plan.precision in ("bf16", "fp16"):  # the catalog's peak is 16-bit
+        ok = min(flops) >= MATMUL_FRACTION * plan.gpu.peak_flops
+        return not ok, (f"{what}; the plan assumes {plan.gpu.peak_flops / 1e12:g} ({plan.gpu.precision} dense "
+                        f"peak), warn below {MATMUL_FRACTION:.0%}: {_verdict(ok)}")
+    spread = min(flops) / max(flops)  # on a CPU the processes share cores: no verdict there
+    return cuda and spread < 0.8, (f"{what}; no catalog peak here; slowest/fastest {spread:.2f}"
+                                   + (f" (warn below 0.80): {_verdict(spread >= 0.8)}" if cuda else ""))
+
+
+def link_verdict(bus_gb_s: float, mib: float, plan: Assumed) -> tuple:
+    """(warned, line) for the all-reduce's bus bandwidth against the link the budget assumes."""
+    what = f"  all-reduce {mib:.0f} MiB: bus bandwidth {bus_gb_s:,.2f} GB/s"
+    if plan.link_bytes_s is None:
+        return False, what + " (no catalog link to compare with)"
+    ok = bus_gb_s * 1e9 >= LINK_FRACTION * plan.link_bytes_s
+    return not ok, (f"{what}; the budget assumes {plan.link_bytes_s / 1e9:g} GB/s per GPU over {plan.nodes} "
+                    f"machine(s) ({plan.link}), warn below {LINK_FRACTION:.0%}: {_verdict(ok)}")
+
+
+def disk_verdict(speed: float, free: float, held: float, part: float, stop_poll_s: float) -> tuple:
+    """(warnings, lines) for --out: `speed` bytes/s written, `free` bytes free, `held` bytes of the
+    checkpoints already there, `part` bytes of one checkpoint this node writes."""
+    save_s = part / speed
+    in_time = stop_poll_s + save_s < SHUTDOWN_TIMEOUT_S / 2
+    need = (KEPT_CHECKPOINTS + 1) * part  # the kept ones, and the next written before the oldest is deleted
+    room = free + held >= need
+    return (not in_time) + (not room), [
+        f"  disk in --out: {speed / 1e6:,.0f} MB/s written and fsynced; this node's part of a checkpoint, "
+        f"{part / 1e9:,.2f} GB, takes about {save_s:,.1f} s, after up to {stop_poll_s:g} s for the processes to "
+        f"agree on the stop; a preemption notice leaves {SHUTDOWN_TIMEOUT_S} s (warn above half): {_verdict(in_time)}",
+        f"  disk space in --out: {(free + held) / 1e9:,.1f} GB free (checkpoints already there included) for "
+        f"the {KEPT_CHECKPOINTS} checkpoints kept and the next being written, {need / 1e9:,.2f} GB: {_verdict(room)}"]
+
+
+def _bytes_under(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
 
 
 def _timed(fn, repeats: int, device) -> float:
@@ -53,44 +134,31 @@ def _verdict(ok: bool) -> str:
     return "ok" if ok else "WARN"
 
 
-def run(t, ledger_mib: float, log) -> int:
-    """The checks for train_gpu.py's Trainer `t`; returns the number of warnings (printed by rank 0)."""
+def run(t, ledger_mib: float, log, stop_poll_s: float = STOP_POLL_S) -> int:
+    """The checks for train_gpu.py's Trainer `t` (its device, rank, world, precision, args and raw
+    model); returns the number of warnings (printed by rank 0). stop_poll_s: the longest the processes
+    take to agree on a stop after the signal (train_gpu.py's stop poll)."""
     device, rank, world, cuda = t.device, t.rank, t.world, t.device.type == "cuda"
-    gpu = gpu_for_device(torch.cuda.get_device_name(device),
-                         torch.cuda.get_device_properties(device).multi_processor_count) if cuda else None
+    name = torch.cuda.get_device_name(device) if cuda else None
+    plan = assumed(name, torch.cuda.get_device_properties(device).multi_processor_count if cuda else None,
+                   t.precision, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     warnings = 0
-    log(f"preflight: {world} process(es) on {torch.cuda.get_device_name(device) if cuda else 'cpu'}"
-        + (f" → {gpu.name}" if gpu else "") + f"; the plan: {t.args.shard}, ledger {ledger_mib:,.0f} MiB per device")
+    log(f"preflight: {world} process(es) on {name or 'cpu'}" + (f" → {plan.gpu.name}" if plan.gpu else "")
+        + f"; the plan: {t.args.shard}, {t.precision}, ledger {ledger_mib:,.0f} MiB per device")
 
-    n = 8192 if cuda else 1024  # large enough to reach a GPU's peak; under a second on a CPU
-    dtype = torch.bfloat16 if cuda else torch.float32
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    n = 8192 if cuda else CPU_MATMUL_N  # large enough to reach a GPU's peak
+    a, b = (torch.randn(n, n, device=device, dtype=plan.dtype) for _ in range(2))
     flops = [2 * n**3 / s for s in _per_rank(_timed(lambda: a @ b, 5 if cuda else 3, device), rank, world, device)]
-    unit, scale = ("TFLOP/s", 1e12) if cuda else ("GFLOP/s", 1e9)
-    line = ", ".join(f"{f / scale:,.1f}" for f in flops) + " " + unit
-    if gpu is not None:
-        ok = min(flops) >= MATMUL_FRACTION * gpu.peak_flops
-        warnings += not ok
-        log(f"  matmul {n}³ bf16 per process: {line}; the plan assumes {gpu.peak_flops / 1e12:g} dense peak, "
-            f"warn below {MATMUL_FRACTION:.0%}: {_verdict(ok)}")
-    else:
-        spread = min(flops) / max(flops)  # on a CPU the processes share cores: no verdict there
-        warnings += cuda and spread < 0.8
-        log(f"  matmul {n}³ {'bf16' if cuda else 'fp32'} per process: {line}; no catalog peak here; slowest/"
-            f"fastest {spread:.2f}" + (f" (warn below 0.80): {_verdict(spread >= 0.8)}" if cuda else ""))
+    warned, line = matmul_verdict(flops, n, plan, cuda)
+    warnings += warned
+    log(line)
 
     if world > 1:
         x = torch.ones((64 if cuda else 8) * 2**20 // 4, device=device)
         s = _timed(lambda: dist.all_reduce(x), 5, device)
-        bus = 2 * (world - 1) / world * x.numel() * 4 / s / 1e9
-        if gpu is not None and gpu.link_gb_s:
-            ok = bus >= LINK_FRACTION * gpu.link_gb_s
-            warnings += not ok
-            log(f"  all-reduce {x.numel() * 4 / 2**20:.0f} MiB: bus bandwidth {bus:,.1f} GB/s; the catalog's link "
-                f"{gpu.link_gb_s:g} GB/s ({gpu.link}), warn below {LINK_FRACTION:.0%}: {_verdict(ok)}")
-        else:
-            log(f"  all-reduce {x.numel() * 4 / 2**20:.0f} MiB: bus bandwidth {bus:,.2f} GB/s (no catalog link to "
-                "compare with)")
+        warned, line = link_verdict(2 * (world - 1) / world * x.numel() * 4 / s / 1e9, x.numel() * 4 / 2**20, plan)
+        warnings += warned
+        log(line)
     else:
         log("  all-reduce: one process, nothing to measure")
 
@@ -119,12 +187,12 @@ def run(t, ledger_mib: float, log) -> int:
             speed = size / (time.perf_counter() - start)
         finally:
             probe.unlink(missing_ok=True)
-        ckpt = CHECKPOINT_BYTES_PER_PARAM * t.raw.num_params() * int(os.environ.get("LOCAL_WORLD_SIZE", 1)) / world
-        ok = ckpt / speed < SHUTDOWN_S / 2
-        warnings += not ok
-        log(f"  disk in --out: {speed / 1e6:,.0f} MB/s written and fsynced; this node's part of a checkpoint, "
-            f"{ckpt / 1e9:,.2f} GB, takes about {ckpt / speed:,.1f} s; after a preemption notice there are "
-            f"{SHUTDOWN_S} s (warn above half): {_verdict(ok)}")
+        part = CHECKPOINT_BYTES_PER_PARAM * t.raw.num_params() / plan.nodes
+        warned, line = disk_verdict(speed, shutil.disk_usage(out).free, _bytes_under(out / CKPT_DIR), part,
+                                    stop_poll_s)
+        warnings += warned
+        for x in line:
+            log(x)
 
     if cuda:
         free = torch.cuda.mem_get_info(device)[0] / 2**20

@@ -73,7 +73,8 @@ reports the rank failed, and run.json keeps "exit_code": null.
 
 Exit status: 0 done; 1 a bad file, setting or checkpoint (one line on stderr); 2 a bad argument; 3 the
 loss or a gradient became NaN/inf (nothing saved after the last good checkpoint); 4 a process did not
-join or a collective waited past its timeout; 75 stopped by SIGTERM/SIGUSR1 after saving a checkpoint.
+join or a collective waited past its timeout; 75 stopped by SIGTERM/SIGUSR1 after saving a checkpoint;
+78 --preflight found the box unlike the plan (a line marked WARN; 0 when every check is ok).
 Run log (code/run_log.py, rank 0): OUT/run.json (command, arguments, commit, devices, versions, times,
 exit code) and OUT/log.jsonl (one JSON line per log step).
 """
@@ -246,10 +247,10 @@ def run(args, device, rank: int, world: int, accum: int, precision: str, data: "
     data.check_ids(device)
     stop = StopFlag()  # from now on SIGTERM/SIGUSR1 stop the run at a step boundary, with a checkpoint
     t = setup(args, device, rank, world, accum, precision, data)
-    if args.preflight:  # measure the box, train nothing
-        preflight.run(t, ledger_mib(planned_run(args, world, accum, precision), t.raw.num_params()),
-                      print if rank == 0 else lambda *a: None)
-        return 0
+    if args.preflight:  # measure the box, train nothing; a warning is a status a launch script can stop on
+        warnings = preflight.run(t, ledger_mib(planned_run(args, world, accum, precision), t.raw.num_params()),
+                                 print if rank == 0 else lambda *a: None)
+        return preflight.EXIT_WARNED if warnings else 0
     start = 0 if resume is None else load_checkpoint(t, *resume)
     log = RunLog(args, device, rank, world, precision, start)
     if start:

@@ -1,11 +1,15 @@
 import math
+import shlex
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 import budget
+import gpus
 import memory
+from arguments import run_main
 from data import REPO
 from model import GPT, GPTConfig
 from shapes import param_count
@@ -22,14 +26,22 @@ SPEC_TABLE = """\
 
 
 def cli(*args):
+    """budget.py's command line run in this process (arguments.run_main): its status, stdout and stderr."""
+    code, out, err = run_main(budget.main, list(args))
+    return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+
+def script(*args):
+    """budget.py run as a reader runs it, in an interpreter of its own."""
     return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=60)
 
 
 def test_no_arguments_prints_the_reference_table():
-    r = cli()
+    r = script()
     assert r.returncode == 0 and r.stderr == ""
     assert SPEC_TABLE in r.stdout
     assert budget.corrected_table() in r.stdout
+    assert r.stdout == cli().stdout  # the script prints what main prints in process
 
 
 def cells(text):
@@ -82,19 +94,43 @@ def test_params_derived_from_shape_are_the_books_model():
 
 
 def test_reader_case_on_the_command_line():
-    r = cli("--params", "1B", "--gpus", "8", "--gpu", "h100", "--d-model", "2048", "--n-layer", "20",
+    r = cli("--gpus", "8", "--gpu", "h100", "--d-model", "2048", "--n-layer", "20",
             "--seq-len", "2048", "--micro-batch", "8", "--price-per-gpu-hour", "2")
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert "(6N + 12·L·s·h)·D = 1.40e20 FLOPs" in out and "20.0B tokens" in out
+    n = param_count(2048, 20, 8192)
+    assert "(6N + 12·L·s·h)·D = 1.46e20 FLOPs" in out and f"{n / 1e9:.3f}B parameters, 20.4B tokens" in out
     shape = memory.Shape(2048, 20, 32, 2048, 8, 8192)
-    est = budget.estimate(n_params=1e9, gpus=8, peak_flops=989e12, mfu=0.4, tokens=20e9, memory_gb=80, shape=shape,
+    est = budget.estimate(n_params=n, gpus=8, peak_flops=989e12, mfu=0.4, tokens=20 * n, memory_gb=80, shape=shape,
                           price_per_gpu_hour=2)
     assert f"{est['hours']:,.2f} hours" in out and f"cost        {est['cost']:,.0f}" in out
     ddp = next(line for line in out.splitlines() if line.strip().startswith("DDP"))
     m = est["memory"]["ddp"]
     assert ddp.split()[1:5] == [f"{x / 1e9:.2f}" for x in (m["state"], m["activations"], m["logits"], m["total"])]
-    assert m["state"] == 16e9 and "yes" in ddp and "verdict     fits under DDP" in out  # gradients as bucket views
+    assert m["state"] == 16 * n and "yes" in ddp and "verdict     fits under DDP" in out  # gradients as bucket views
+
+
+@pytest.mark.parametrize("params, shape", [
+    ("70e9", ["--d-model", "8192", "--n-layer", "80", "--gpus", "64"]),  # the shape is 64.45B
+    ("30M", ["--d-model", "512", "--n-layer", "8", "--gpus", "8"]),  # 29.1M: 3 % apart
+])
+def test_params_that_disagree_with_the_shape_are_said_and_every_row_uses_the_shape(params, shape):
+    """DDP's, ZeRO-1's and FSDP's rows, the bytes sent, the FLOPs and the tokens all come from one count:
+    the shape's, which train_gpu.py builds; one line says that --params was not used."""
+    given, alone = budget.plan(["--params", params, *shape]), budget.plan(shape)
+    n = param_count(int(shape[1]), int(shape[3]), 8192)
+    assert given["est"]["n_params"] == alone["est"]["n_params"] == n
+    assert given["est"] == {**alone["est"], "params_given": budget.plan(["--params", params])["est"]["n_params"]}
+    said = [x for x in given["text"].splitlines() if x.startswith("params ")]
+    assert len(said) == 1 and f"shape's {n:,}" in said[0] and "is not this shape's count" in said[0], said
+    assert [x for x in given["text"].splitlines() if not x.startswith(("params ", "note "))] == [
+        x for x in alone["text"].splitlines() if not x.startswith("note ")]
+    for scheme, m in given["est"]["memory"].items():  # each row, recomputed from the shape's count
+        assert m["total"] == budget.peak_parts(given["shape"], n, int(shape[-1]), scheme,
+                                               grad_accum=given["est"]["step"]["grad_accum"],
+                                               sync_every=m["sync_every"])["total"]
+    agreeing = budget.plan(["--params", str(n), *shape])["text"].splitlines()
+    assert not any(x.startswith("params ") for x in agreeing)  # nothing to say
 
 
 def test_seven_b_on_eight_gpus_needs_sharding():
@@ -152,6 +188,8 @@ def test_bad_input_is_one_sentence(args, message):
     assert e.value.code == 2
     r = cli(*args)
     assert r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1 and r.stdout == ""
+    if args == ["--params", "-1e9"]:  # and so does the script, once
+        assert (script(*args).stderr, script(*args).returncode) == (r.stderr, 2)
 
 
 # ---- communication per step -------------------------------------------------------------------------
@@ -276,17 +314,21 @@ def test_page_shows_the_model_state_when_only_the_size_is_given():
 
 
 def _command(*args):
+    """The command line a plan prints, without its last flags (--out OUT --auto-resume across machines,
+    --out out_gpu --auto-resume on one: test_the_printed_command_is_launched_as_launch_does), and the text."""
     r = cli(*args)
     assert r.returncode == 0, r.stderr
-    return next(x for x in r.stdout.splitlines() if x.startswith("command ")), r.stdout
+    line = next(x for x in r.stdout.splitlines() if x.startswith("command "))
+    return line.removesuffix(" --auto-resume").rsplit(" --out ", 1)[0], r.stdout
 
 
 def test_the_plan_prints_the_train_gpu_command_of_the_scheme_that_fits():
     line, _ = _command("--d-model", "768", "--n-layer", "12", "--gpus", "8", "--seq-len", "1024",
                        "--micro-batch", "8", "--grad-accum", "4")
     assert line.split(None, 1)[1] == (
-        "torchrun --standalone --nproc-per-node=8 code/train_gpu.py --d-model 768 --n-layer 12 --n-head 12 "
-        "--vocab-size 50257 --seq-len 1024 --micro-batch 8 --global-batch-tokens 262144 --steps 9427 --shard ddp")
+        "torchrun --standalone --nproc-per-node=8 --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 "
+        "--shutdown-timeout=170 code/train_gpu.py --d-model 768 --n-layer 12 --n-head 12 --vocab-size 50257 "
+        "--seq-len 1024 --micro-batch 8 --global-batch-tokens 262144 --steps 9427 --shard ddp")
     line, _ = _command("--d-model", "5120", "--n-layer", "40", "--gpus", "64", "--seq-len", "4096",
                        "--micro-batch", "1", "--gpu", "RTX4090", "--checkpoint-activations", "--grad-accum", "1")
     assert "--nnodes=8 --nproc-per-node=8" in line and line.endswith("--shard fsdp --checkpoint-activations")
@@ -298,9 +340,9 @@ def test_the_plan_prints_the_train_gpu_command_of_the_scheme_that_fits():
     line, _ = _command("--d-model", "5120", "--n-layer", "40", "--gpus", "64", "--seq-len", "4096",
                        "--micro-batch", "1", "--gpu", "A100-40GB", "--checkpoint-activations", "--grad-accum", "1")
     assert line.endswith("--shard fsdp --no-reshard-after-forward --checkpoint-activations")  # bf16 gathered: fits
-    _, text = _command("--d-model", "4096", "--n-layer", "32", "--gpus", "64", "--seq-len", "4096",
-                       "--micro-batch", "2", "--gpu", "A100-40GB")
-    assert "command     none: no scheme fits (see the verdict)" in text
+    line, text = _command("--d-model", "4096", "--n-layer", "32", "--gpus", "64", "--seq-len", "4096",
+                          "--micro-batch", "2", "--gpu", "A100-40GB")
+    assert "verdict     fits under no scheme" in text and "--micro-batch 1 " in line  # the one that fits
     line, _ = _command("--d-model", "4096", "--n-layer", "32", "--gpus", "6", "--gpus-per-node", "4",
                        "--seq-len", "4096", "--micro-batch", "1", "--checkpoint-activations")
     assert line.startswith("command     none: 6 GPUs do not split evenly") or "--checkpoint-activations" in line
@@ -318,6 +360,7 @@ def test_zero1_is_named_with_the_closest_flag_and_its_cost():
     assert line.endswith("--shard fsdp --no-reshard-after-forward --checkpoint-activations --grad-sync last")
 
 
+@pytest.mark.slow  # starts torchrun: not on the fast path (tests/conftest.py)
 def test_the_printed_command_runs_scaled_down_on_two_cpu_processes(tmp_path):
     """The 7B plan's command, with the shape and the step scaled down to a tiny CPU run: every flag the
     budget prints is one train_gpu.py takes, and the scheme it names is the one that runs."""
@@ -600,3 +643,66 @@ def test_no_total_hides_under_a_line_wherever_it_falls(measure_text):
                 fig = budget.memory_figure(memory, memory_gb, usable)
                 problems = _figure_problems(fig, measure_text)
                 assert not problems, (memory_gb, tall, total, problems)
+
+
+# ---- the printed command is the one launch/ runs, and there is one where anything fits ---------------------
+
+def command_of(text):
+    """The command a plan prints, as its argv."""
+    lines = [x for x in text.splitlines() if x.startswith("command ")]
+    assert len(lines) == 1, text
+    return shlex.split(lines[0].split(None, 1)[1])
+
+
+def launch_argv(path):
+    """torchrun's arguments in a launch/ file (the shell's quotes and variables left as words)."""
+    line = next(x.strip() for x in (REPO / path).read_text(encoding="utf-8").splitlines()
+                if x.strip().startswith("torchrun "))
+    return shlex.split(line.replace('"', ""))[1:]
+
+
+@pytest.mark.parametrize("plan, nodes", [
+    (["--model", "124M", "--gpus", "1", "--gpu", "RTX3060", "--micro-batch", "7"], 1),
+    (["--model", "1.3B", "--gpus", "8", "--micro-batch", "4"], 1),
+    (["--model", "7B", "--gpus", "64", "--micro-batch", "1", "--checkpoint-activations"], 8),
+])
+def test_the_printed_command_is_launched_as_launch_does(plan, nodes):
+    """Parsed by torchrun's own parser and by train_gpu.py's: the signals forwarded and the time to save
+    are launch/slurm.sbatch's and launch/skypilot.yaml's (both from gpus.TORCHRUN_STOP_FLAGS), and the
+    script resumes from its --out."""
+    from torch.distributed.run import get_args_parser
+
+    from train_gpu import build_parser
+    argv = command_of(budget.plan(plan)["text"])
+    assert argv[0] == "torchrun"
+    ns = get_args_parser().parse_args(argv[1:])
+    stop = get_args_parser().parse_args([*gpus.TORCHRUN_STOP_FLAGS, "x.py"])
+    for path in ("launch/slurm.sbatch", "launch/skypilot.yaml"):
+        launch = get_args_parser().parse_args(launch_argv(path))
+        assert (ns.signals_to_handle, ns.shutdown_timeout) == (launch.signals_to_handle, launch.shutdown_timeout) \
+            == (stop.signals_to_handle, stop.shutdown_timeout), path
+    assert "SIGUSR1" in ns.signals_to_handle.split(",") and ns.shutdown_timeout == gpus.SHUTDOWN_TIMEOUT_S
+    assert ns.training_script == "code/train_gpu.py" and ns.nnodes == ("1:1" if nodes == 1 else str(nodes))
+    args = build_parser().parse_args(ns.training_script_args)
+    assert args.auto_resume and args.out == ("out_gpu" if nodes == 1 else "OUT")  # OUT: a folder every node sees
+
+
+def test_when_nothing_fits_the_command_is_the_nearest_plan_that_does():
+    # the seed's question: micro-batch 8 does not fit 12 GB; the largest that does is printed, with its plan
+    p = budget.plan(SEED_12GB)
+    assert not any(m["fits"] for m in p["est"]["memory"].values())
+    best = p["est"]["memory"]["ddp"]["max_micro_batch"]
+    fitting = budget.plan([*SEED_12GB[:-1], str(best)])
+    assert command_of(p["text"]) == command_of(fitting["text"]) and best == 7
+    note = next(x for x in p["text"].splitlines() if x.startswith("note "))
+    assert "nothing fits at micro-batch 8" in note and "--micro-batch 7, the largest micro-batch that fits" in note
+    assert f"python code/budget.py {' '.join(SEED_12GB[:-1])} 7 prints its rows" in note
+    # 64.5B on 64 H100s: not one sequence fits without checkpointing, so the command recomputes
+    shape = ["--d-model", "8192", "--n-layer", "80", "--gpus", "64"]
+    p = budget.plan(shape)
+    assert max(m["max_micro_batch"] for m in p["est"]["memory"].values()) == 0
+    ck = budget.plan([*shape, "--checkpoint-activations"])
+    assert command_of(p["text"]) == command_of(ck["text"]) and "--checkpoint-activations" in command_of(p["text"])
+    # nothing at all: said
+    none = budget.plan(["--model", "7B", "--gpus", "8", "--gpu", "RTX3060", "--seq-len", "8192"])["text"]
+    assert none.splitlines()[-1].startswith("command     none: not even one sequence per GPU fits under any scheme")
