@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import memory  # noqa: E402
 from arguments import Parser, positive, positive_int  # noqa: E402
 from gpus import CATALOG, DEFAULT_GPUS_PER_NODE, DEFAULT_NODE_LINK_GBIT, GPUS, TORCHRUN_STOP_FLAGS, link_bytes_per_s  # noqa: E402,E501
-from shapes import flops_per_token, param_count  # noqa: E402
+from shapes import flops_per_token, param_count, recompute_flops_per_token  # noqa: E402
 
 USABLE_FRACTION = 0.9
 GB = 1e9
@@ -213,7 +213,7 @@ def corrected_rows(peak_flops: float = H100.peak_flops, mfu: float = DEFAULT_MFU
     return rows
 
 
-STATE_PARTS = ("weights", "grads", "optimizer", "buckets", "whole grads", "gathered weights")
+STATE_PARTS = ("weights", "grads", "optimizer", "buckets", "whole grads", "gathered weights", "partial reduce")
 
 
 def _state(parts: dict) -> float:
@@ -243,12 +243,21 @@ FSDP_PRECISION = "bf16"  # train_gpu.py's FSDP policy: param_dtype bf16 (fp16 on
 
 
 def script_run(n_params: float, gpus: int, scheme: str, shape=None, grad_accum: int = 1, sync_every: bool = False,
-               checkpoint: bool = False) -> "memory.Run":
+               checkpoint: bool = False, gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> "memory.Run":
     """The run train_gpu.py performs for a scheme the ledger names (not ZeRO-1): DDP under autocast over
-    fp32 weights, its gradients views of its buckets; FSDP2 with param_dtype bf16, reduce_dtype fp32."""
+    fp32 weights, its gradients views of its buckets; FSDP2 with param_dtype bf16, reduce_dtype fp32; HSDP
+    sharded over each machine's GPUs (train_gpu.py's default --shard-size)."""
     return memory.Run(shape, gpus=gpus, scheme=scheme, precision="autocast" if scheme == "ddp" else FSDP_PRECISION,
                       accum=grad_accum, sync_every=sync_every, checkpoint=checkpoint,
-                      n_params=None if shape is not None else n_params)
+                      n_params=None if shape is not None else n_params,
+                      shard_size=min(gpus, gpus_per_node) if scheme == "hsdp" else None, gpus_per_node=gpus_per_node)
+
+
+def budget_schemes(gpus: int, gpus_per_node: int, layout: str = "autocast") -> tuple:
+    """The rows the budget plans: the textbook's four, and HSDP as train_gpu.py runs it once the run spans
+    machines whole (on one machine it is ZeRO-3; the textbook's layouts have no HSDP row)."""
+    spans = gpus > gpus_per_node and gpus % gpus_per_node == 0
+    return (*memory.SCHEMES, "hsdp") if spans and layout == "autocast" else memory.SCHEMES
 
 
 def is_script_scheme(scheme: str, layout: str) -> bool:
@@ -257,24 +266,35 @@ def is_script_scheme(scheme: str, layout: str) -> bool:
     return layout == "autocast" and scheme in memory.RUN_SCHEMES
 
 
-def comm_bytes_per_step(n_params: float, gpus: int, scheme: str, layout: str = "autocast",
-                        fp32_grads: bool = False, grad_accum: int = 1, shape=None, sync_every: bool = False) -> float:
-    """Bytes each GPU sends in one optimizer step, with ring collectives over `gpus` GPUs: for what
-    train_gpu.py runs, memory.run_sent_bytes of its run (DDP: one fp32 all-reduce per step; FSDP: bf16
-    all-gathers every micro-batch, fp32 reduce-scatters on the last one, or every one with sync_every);
-    else the textbook's count, memory.textbook_sent_bytes."""
+def comm_bytes_per_step(*args, **kwargs) -> float:
+    """Bytes each GPU sends in one optimizer step, over both links (comm_bytes_by_link's sum)."""
+    return sum(comm_bytes_by_link(*args, **kwargs).values())
+
+
+def comm_bytes_by_link(n_params: float, gpus: int, scheme: str, layout: str = "autocast",
+                       fp32_grads: bool = False, grad_accum: int = 1, shape=None, sync_every: bool = False,
+                       gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> dict:
+    """Bytes each GPU sends in one optimizer step, with ring collectives, by link: {'node': inside a
+    machine, 'network': in collectives whose group spans machines}. For what train_gpu.py runs,
+    memory.run_sent_by_link of its run (DDP: one fp32 all-reduce per step; FSDP: bf16 all-gathers every
+    micro-batch, fp32 reduce-scatters on the last one, or every one with sync_every; HSDP: those inside
+    each machine, and one all-reduce of the gradient shards between them); else the textbook's count,
+    memory.textbook_sent_bytes, over all GPUs."""
     if is_script_scheme(scheme, layout):
-        return sum(memory.run_sent_bytes(script_run(n_params, gpus, scheme, shape, grad_accum, sync_every)).values())
-    return memory.textbook_sent_bytes(n_params, gpus, scheme, layout, fp32_grads, grad_accum)
+        return memory.run_sent_by_link(script_run(n_params, gpus, scheme, shape, grad_accum, sync_every,
+                                                  gpus_per_node=gpus_per_node))
+    sent = memory.textbook_sent_bytes(n_params, gpus, scheme, layout, fp32_grads, grad_accum)
+    return {"node": 0.0, "network": sent} if gpus > gpus_per_node else {"node": sent, "network": 0.0}
 
 
 def peak_parts(shape, n_params: float, gpus: int, scheme: str, layout: str = "autocast", fp32_grads: bool = False,
-               checkpoint: bool = False, grad_accum: int = 1, sync_every: bool = False) -> dict:
+               checkpoint: bool = False, grad_accum: int = 1, sync_every: bool = False,
+               gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> dict:
     """The ledger's peak per GPU by part: memory.run_peak_bytes for what train_gpu.py runs, else the
     textbook's memory.step_bytes (no shape: the state alone)."""
     if is_script_scheme(scheme, layout):
-        return memory.run_peak_bytes(script_run(n_params, gpus, scheme, shape, grad_accum, sync_every, checkpoint),
-                                     n_params)
+        return memory.run_peak_bytes(script_run(n_params, gpus, scheme, shape, grad_accum, sync_every, checkpoint,
+                                                gpus_per_node), n_params)
     if shape is None:
         parts = memory.state_bytes(n_params, gpus, scheme, layout, fp32_grads)
         return {**parts, "total": sum(parts.values())}
@@ -282,29 +302,31 @@ def peak_parts(shape, n_params: float, gpus: int, scheme: str, layout: str = "au
 
 
 def choose_sync(shape, n_params: float, gpus: int, scheme: str, memory_gb, layout: str = "autocast",
-                checkpoint: bool = False, grad_accum: int = 1, grad_sync: str = "auto") -> bool:
+                checkpoint: bool = False, grad_accum: int = 1, grad_sync: str = "auto",
+                gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> bool:
     """Whether FSDP reduce-scatters every micro-batch: --grad-sync every, or auto when holding the whole
     fp32 gradients until the last micro-batch does not fit (holding sends less)."""
-    if scheme not in ("zero2", "zero3") or grad_accum == 1 or grad_sync == "last":
+    if scheme not in ("zero2", "zero3", "hsdp") or grad_accum == 1 or grad_sync == "last":
         return False
     if grad_sync == "every":
         return True
     if memory_gb is None:
         return False
-    held = peak_parts(shape, n_params, gpus, scheme, layout, checkpoint=checkpoint, grad_accum=grad_accum)
+    held = peak_parts(shape, n_params, gpus, scheme, layout, checkpoint=checkpoint, grad_accum=grad_accum,
+                      gpus_per_node=gpus_per_node)
     return held["total"] > USABLE_FRACTION * memory_gb * GB
 
 
 def max_micro_batch(shape: memory.Shape, n_params: float, gpus: int, scheme: str, memory_gb: float,
                     layout: str = "autocast", fp32_grads: bool = False, checkpoint: bool = False,
-                    grad_accum: int = 1, sync_every: bool = False) -> int:
+                    grad_accum: int = 1, sync_every: bool = False, gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> int:
     """The largest micro-batch whose ledger peak fits the usable memory (0: not even one sequence)."""
     limit = USABLE_FRACTION * memory_gb * GB
 
     def fits(b: int) -> bool:
         s = memory.Shape(shape.d_model, shape.n_layer, shape.n_head, shape.seq_len, b, shape.vocab_size)
         return peak_parts(s, n_params, gpus, scheme, layout, fp32_grads, checkpoint, grad_accum,
-                          sync_every)["total"] <= limit
+                          sync_every, gpus_per_node)["total"] <= limit
 
     if not fits(1):
         return 0
@@ -351,30 +373,43 @@ def estimate(*, n_params: float, gpus: int, peak_flops: float, mfu: float, token
              memory_gb: float | None = None, shape: memory.Shape | None = None, layout: str = "autocast",
              fp32_grads: bool = False, checkpoint: bool = False, price_per_gpu_hour: float | None = None,
              seq_len: int = 2048, micro_batch: int = 8, grad_accum: int = 1,
-             link_bytes_s: float | None = None, grad_sync: str = "auto") -> dict:
+             link_bytes_s: float | None = None, grad_sync: str = "auto", node_bytes_s: float | None = None,
+             gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> dict:
     """Everything the command line prints, as numbers (bytes, FLOPs, seconds, hours). Without a shape
     there is no activation memory and FLOPs are 6N per token; with one, its seq_len and micro_batch
-    replace the arguments of those names. link_bytes_s: what one GPU sends per second (None: unknown,
-    no communication time)."""
+    replace the arguments of those names. link_bytes_s: what one GPU sends per second in a ring over all
+    the GPUs (None: unknown, no communication time); node_bytes_s: in a ring inside one machine (default:
+    link_bytes_s). Recomputation (checkpoint) redoes each block's forward: those FLOPs take time at the
+    same utilization, so the hours count them (the compute line counts the model's)."""
     per_token = 6 * n_params if shape is None else flops_per_token(shape, n_params)
+    redone = 0 if shape is None or not checkpoint else recompute_flops_per_token(shape)
+    node_bytes_s = link_bytes_s if node_bytes_s is None else node_bytes_s
     if shape is not None:
         seq_len, micro_batch = shape.seq_len, shape.micro_batch
     flops = per_token * tokens
-    hours = train_hours(flops, gpus, peak_flops, mfu)
+    hours = train_hours((per_token + redone) * tokens, gpus, peak_flops, mfu)
     step_tokens = gpus * micro_batch * seq_len * grad_accum
     step = dict(tokens=step_tokens, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum,
-                steps=tokens / step_tokens, link_bytes_s=link_bytes_s,
-                compute_s=per_token * step_tokens / (gpus * peak_flops * mfu))
+                steps=tokens / step_tokens, link_bytes_s=link_bytes_s, node_bytes_s=node_bytes_s,
+                recompute_share=redone / per_token,
+                compute_s=(per_token + redone) * step_tokens / (gpus * peak_flops * mfu))
     out = dict(n_params=n_params, tokens=tokens, flops=flops, gpus=gpus, hours=hours, gpu_hours=hours * gpus,
                attention_share=None if shape is None else attention_share(shape, n_params),
                cost=None if price_per_gpu_hour is None else hours * gpus * price_per_gpu_hour, step=step, memory={})
-    for scheme in memory.SCHEMES:
-        sync = choose_sync(shape, n_params, gpus, scheme, memory_gb, layout, checkpoint, grad_accum, grad_sync)
-        parts = peak_parts(shape, n_params, gpus, scheme, layout, fp32_grads, checkpoint, grad_accum, sync)
-        sent = comm_bytes_per_step(n_params, gpus, scheme, layout, fp32_grads, grad_accum, shape, sync)
-        comm_s = None if link_bytes_s is None else sent / link_bytes_s
+    for scheme in budget_schemes(gpus, gpus_per_node, layout):
+        sync = choose_sync(shape, n_params, gpus, scheme, memory_gb, layout, checkpoint, grad_accum, grad_sync,
+                           gpus_per_node)
+        parts = peak_parts(shape, n_params, gpus, scheme, layout, fp32_grads, checkpoint, grad_accum, sync,
+                           gpus_per_node)
+        by_link = comm_bytes_by_link(n_params, gpus, scheme, layout, fp32_grads, grad_accum, shape, sync,
+                                     gpus_per_node)
+        sent = by_link["node"] + by_link["network"]
+        # each link at its own speed: a ring inside a machine at its GPUs' link, one that spans machines at
+        # the slower of that and the network port
+        comm_s = None if link_bytes_s is None else by_link["node"] / node_bytes_s + by_link["network"] / link_bytes_s
         row = dict(state=_state(parts), activations=None, logits=None, total=None, fits=None,
-                   max_micro_batch=None, comm_bytes=sent, comm_s=comm_s, sync_every=sync,
+                   max_micro_batch=None, comm_bytes=sent, comm_network_bytes=by_link["network"], comm_s=comm_s,
+                   sync_every=sync,
                    script=is_script_scheme(scheme, layout),
                    comm_dominates=None if comm_s is None else comm_s > step["compute_s"])
         if shape is not None:
@@ -382,7 +417,7 @@ def estimate(*, n_params: float, gpus: int, peak_flops: float, mfu: float, token
             if memory_gb is not None:
                 row["fits"] = parts["total"] <= USABLE_FRACTION * memory_gb * GB
                 row["max_micro_batch"] = max_micro_batch(shape, n_params, gpus, scheme, memory_gb, layout,
-                                                         fp32_grads, checkpoint, grad_accum, sync)
+                                                         fp32_grads, checkpoint, grad_accum, sync, gpus_per_node)
         out["memory"][scheme] = row
     return out
 
@@ -417,7 +452,9 @@ def report(est: dict, gpu_label: str, peak_flops: float, mfu: float, memory_gb, 
         compute,
         f"hardware    {est['gpus']} × {gpu_label}: {peak_flops / 1e12:.1f} TFLOP/s {peak_label} each, "
         f"MFU {mfu:.0%} → {est['gpus'] * peak_flops * mfu / 1e12:.0f} TFLOP/s achieved",
-        f"time        {est['hours']:,.2f} hours ({est['hours'] / 24:,.2f} days), {est['gpu_hours']:,.1f} GPU-hours",
+        f"time        {est['hours']:,.2f} hours ({est['hours'] / 24:,.2f} days), {est['gpu_hours']:,.1f} GPU-hours"
+        + (f", recomputation included: each block's forward again, {est['step']['recompute_share']:.1%} more "
+           "FLOPs at this utilization" if est["step"]["recompute_share"] else ""),
     ]
     if est.get("vocab_size") is not None and est["attention_share"] is not None:
         lines.insert(1, f"vocabulary  {est['vocab_size']:,}: {est['vocab_source']}")
@@ -492,12 +529,20 @@ def _step_lines(est: dict, link_label: str) -> list:
     if st["link_bytes_s"] is None:
         lines.append("comm        link unknown: give --link-gb-s (GB/s one GPU sends to the others)")
         return lines
-    lines.append(f"comm        ring collectives at {st['link_bytes_s'] / 1e9:g} GB/s per GPU ({link_label}), "
-                 f"not overlapped with compute")
-    lines.append(f"  {'scheme':<12} {'sent/GPU GB':>12} {'comm ms':>10} {'comm/compute':>13}")
+    split = st["node_bytes_s"] != st["link_bytes_s"]  # across machines: two links, each at its speed
+    if split:
+        lines.append(f"comm        ring collectives at {st['link_bytes_s'] / 1e9:g} GB/s per GPU where their group "
+                     f"spans machines ({link_label}), {st['node_bytes_s'] / 1e9:g} GB/s inside one; not overlapped "
+                     f"with compute")
+    else:
+        lines.append(f"comm        ring collectives at {st['link_bytes_s'] / 1e9:g} GB/s per GPU ({link_label}), "
+                     f"not overlapped with compute")
+    lines.append(f"  {'scheme':<12} {'sent/GPU GB':>12}" + (f" {'of it across':>13}" if split else "")
+                 + f" {'comm ms':>10} {'comm/compute':>13}")
     for scheme, m in est["memory"].items():
-        lines.append(f"  {memory.SCHEME_NAMES[scheme]:<12} {m['comm_bytes'] / GB:>12.2f} {m['comm_s'] * 1e3:>10,.1f} "
-                     f"{m['comm_s'] / st['compute_s']:>13.2f}")
+        lines.append(f"  {memory.SCHEME_NAMES[scheme]:<12} {m['comm_bytes'] / GB:>12.2f}"
+                     + (f" {m['comm_network_bytes'] / GB:>13.2f}" if split else "")
+                     + f" {m['comm_s'] * 1e3:>10,.1f} {m['comm_s'] / st['compute_s']:>13.2f}")
     heavy = [memory.SCHEME_NAMES[s] for s, m in est["memory"].items() if m["comm_dominates"]]
     # backward is 4N of the 6N FLOPs per token: communication can hide behind it only below that share
     partly = [memory.SCHEME_NAMES[s] for s, m in est["memory"].items()
@@ -516,13 +561,15 @@ def _step_lines(est: dict, link_label: str) -> list:
 
 # what train_gpu.py runs for each scheme the ledger counts; ZeRO-1 has no flag of its own
 SHARD_FLAGS = {"ddp": ["--shard", "ddp"], "zero2": ["--shard", "fsdp", "--no-reshard-after-forward"],
-               "zero3": ["--shard", "fsdp"]}
+               "zero3": ["--shard", "fsdp"],
+               "hsdp": ["--shard", "hsdp"]}  # --shard-size: its default, the processes of a machine
 
 
 def command_lines(est: dict, shape, gpus_per_node: int, layout: str, checkpoint: bool) -> list:
-    """The train_gpu.py command at this shape, micro-batch and step: DDP if it fits (its forward never
-    waits on an all-gather, though FSDP's bf16 gathers may send fewer bytes), else the FSDP scheme that
-    fits and sends least (ZeRO-2 that must reduce-scatter every micro-batch can send more than ZeRO-3)."""
+    """The train_gpu.py command at this shape, micro-batch and step: of the schemes it runs that fit, the
+    fastest (compute, the same for all, plus each one's communication at its links' speeds, not
+    overlapped; without a link speed, the fewest bytes sent), ties to the least sharded. Across machines
+    that is usually HSDP, whose only message between them is one all-reduce of the gradient shards."""
     if shape is None or not any(m["fits"] is not None for m in est["memory"].values()):
         return []
     if layout != "autocast":
@@ -530,17 +577,20 @@ def command_lines(est: dict, shape, gpus_per_node: int, layout: str, checkpoint:
     fitting = [s for s, m in est["memory"].items() if m["fits"]]
     if not fitting:
         return ["command     none: no scheme fits (see the verdict)"]
-    # the least-sharded scheme that fits, unless a more sharded one that fits sends less (with accumulation,
-    # ZeRO-2 that must reduce-scatter every micro-batch can send more than ZeRO-3 holding the gradients)
-    scheme, lines = fitting[0], []
-    if scheme in ("zero2", "zero3"):  # DDP when it fits: its forward never waits on an all-gather
-        sharded = [s for s in fitting if s in ("zero2", "zero3")]  # ties go to the least sharded
-        scheme = min(sharded, key=lambda s: (est["memory"][s]["comm_bytes"], sharded.index(s)))
-    if scheme == "zero1":
+    lines = []
+    if fitting[0] == "zero1" and "zero2" in fitting:
         extra = est["memory"]["zero2"]["comm_bytes"] - est["memory"]["zero1"]["comm_bytes"]
         lines.append("note        train_gpu.py has no ZeRO-1; the closest is --shard fsdp --no-reshard-after-forward "
                      f"(ZeRO-2): it holds less, and sends {extra / GB:.2f} GB more per GPU per step")
-        scheme = "zero2"
+    runs = [s for s in SHARD_FLAGS if s in fitting]  # ordered from the least sharded
+    if not runs:
+        return [*lines, "command     none: only ZeRO-1 fits, which train_gpu.py does not run"]
+    m = est["memory"]
+    scheme = min(runs, key=lambda s: (m[s]["comm_bytes"] if m[s]["comm_s"] is None else m[s]["comm_s"], runs.index(s)))
+    if scheme != runs[0] and m[scheme]["comm_s"] is not None:
+        others = ", ".join(f"{memory.SCHEME_NAMES[s]} {m[s]['comm_s'] * 1e3:,.1f}" for s in runs if s != scheme)
+        lines.append(f"note        {memory.SCHEME_NAMES[scheme]}: the fastest scheme that fits, "
+                     f"{m[scheme]['comm_s'] * 1e3:,.1f} ms of communication per step ({others})")
     gpus, st = est["gpus"], est["step"]
     nodes = -(-gpus // gpus_per_node)
     if gpus % nodes:
@@ -747,7 +797,8 @@ def plan(argv: list, fallback: bool = True) -> dict:
                    shape=shape, layout=args.layout, fp32_grads=args.fp32_grads,
                    checkpoint=args.checkpoint_activations, price_per_gpu_hour=args.price_per_gpu_hour,
                    seq_len=args.seq_len, micro_batch=args.micro_batch, grad_accum=grad_accum,
-                   link_bytes_s=link, grad_sync=args.grad_sync)
+                   link_bytes_s=link, grad_sync=args.grad_sync, gpus_per_node=args.gpus_per_node,
+                   node_bytes_s=None if link_gb_s is None else link_gb_s * 1e9)
     est["step"].update(target_tokens=target, batch_source=batch_source)
     est.update(vocab_size=vocab, vocab_source=vocab_why, model=args.model, params_given=args.params)
     if not _finite(est) or not est["step"]["compute_s"] > 0:
@@ -895,18 +946,22 @@ def page(argv: list) -> dict:
     memory_parts = {memory.SCHEME_NAMES[s]: {k: v / GB for k, v in ps.items() if k != "total"}
                     for s, ps in parts.items()}
     counts = sorted({2 ** k for k in range(13) if 2 ** k <= max(64, 4 * args.gpus)} | {args.gpus})
-    sweep = dict(gpus=counts, hours=[], cost=[], hours_with_comm={memory.SCHEME_NAMES[s]: [] for s in memory.SCHEMES},
-                 cost_with_comm={memory.SCHEME_NAMES[s]: [] for s in memory.SCHEMES})
+    schemes = budget_schemes(max(counts), args.gpus_per_node, args.layout)  # HSDP where a count spans machines
+    sweep = dict(gpus=counts, hours=[], cost=[], hours_with_comm={memory.SCHEME_NAMES[s]: [] for s in schemes},
+                 cost_with_comm={memory.SCHEME_NAMES[s]: [] for s in schemes})
     for g in counts:  # the plan's global batch on g GPUs: the accumulation nearest it
         e = estimate(n_params=est["n_params"], gpus=g, peak_flops=p["peak"], mfu=args.mfu, tokens=est["tokens"],
                      shape=p["shape"], layout=args.layout, fp32_grads=args.fp32_grads,
                      price_per_gpu_hour=args.price_per_gpu_hour, seq_len=args.seq_len, micro_batch=args.micro_batch,
                      grad_accum=accumulation(est["step"]["tokens"], g * args.micro_batch * args.seq_len),
-                     grad_sync=args.grad_sync,
-                     link_bytes_s=link_bytes_per_s(g, p["link_gb_s"], args.gpus_per_node, args.node_link_gbit))
+                     grad_sync=args.grad_sync, checkpoint=args.checkpoint_activations,
+                     link_bytes_s=link_bytes_per_s(g, p["link_gb_s"], args.gpus_per_node, args.node_link_gbit),
+                     node_bytes_s=None if p["link_gb_s"] is None else p["link_gb_s"] * 1e9,
+                     gpus_per_node=args.gpus_per_node)
         sweep["hours"].append(e["hours"])
         sweep["cost"].append(e["cost"])
-        for s, m in e["memory"].items():
+        for s in schemes:
+            m = e["memory"].get(s, {"comm_s": None})  # HSDP on one machine: no point of its own
             comm, price = m["comm_s"], args.price_per_gpu_hour
             hours = None if comm is None else e["step"]["steps"] * (e["step"]["compute_s"] + comm) / 3600
             sweep["hours_with_comm"][memory.SCHEME_NAMES[s]].append(hours)

@@ -35,7 +35,7 @@ LAYOUT_NAMES = {"autocast": "autocast over fp32 weights (train_gpu.py)",
                 "mixed": "bf16 weights and gradients + fp32 master (the ZeRO paper's 16 bytes)",
                 "mixed, fp32 grads": "bf16 weights, fp32 gradients + fp32 master (Megatron-LM's default, 18 bytes)"}
 SCHEMES = ("ddp", "zero1", "zero2", "zero3")
-SCHEME_NAMES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3/FSDP"}
+SCHEME_NAMES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3/FSDP", "hsdp": "HSDP"}
 
 
 def layout_name(layout: str, fp32_grads: bool = False) -> str:

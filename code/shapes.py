@@ -28,3 +28,11 @@ def flops_per_token(cfg, n_params: int) -> int:
     """Training FLOPs per token: 6N for the weights (forward 2N, backward 4N) plus attention's
     QKᵀ and PV, 12·L·T·d, which no parameter counts. `cfg` needs n_layer, seq_len and d_model."""
     return 6 * n_params + 12 * cfg.n_layer * cfg.seq_len * cfg.d_model
+
+
+def recompute_flops_per_token(cfg) -> int:
+    """FLOPs per token that per-block activation checkpointing adds: each block's forward again, 2 per
+    weight of the blocks (not the tied embedding/head, which is not recomputed) plus attention's forward
+    4·L·T·d, a third of flops_per_token's 12·L·T·d. `cfg` needs d_model, n_layer, seq_len and vocab_size."""
+    blocks = param_count(cfg.d_model, cfg.n_layer, cfg.vocab_size) - cfg.vocab_size * cfg.d_model - cfg.d_model
+    return 2 * blocks + 4 * cfg.n_layer * cfg.seq_len * cfg.d_model

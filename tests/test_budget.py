@@ -263,13 +263,14 @@ def test_the_cli_says_when_communication_dominates():
     slow = cli("--d-model", "768", "--n-layer", "12", "--gpus", "16", "--gpu", "RTX4090", "--seq-len", "256",
                "--micro-batch", "1", "--grad-accum", "1", "--node-link-gbit", "25")
     assert slow.returncode == 0, slow.stderr
-    assert "communication takes longer than compute under DDP, ZeRO-1, ZeRO-2, ZeRO-3/FSDP" in slow.stdout
+    assert "communication takes longer than compute under DDP, ZeRO-1, ZeRO-2, ZeRO-3/FSDP, HSDP" in slow.stdout
+    assert "--shard hsdp" in slow.stdout  # across two machines, the fastest: only its all-reduce crosses
     assert "25 Gb/s network port between machines, slower than PCIe 4.0 x16" in slow.stdout
     fast = cli("--d-model", "2048", "--n-layer", "24", "--gpus", "8", "--gpu", "H100", "--grad-accum", "4")
     assert "communication is shorter than backward (about 2/3 of compute) under every scheme" in fast.stdout
     partly = cli("--d-model", "768", "--n-layer", "12", "--gpus", "16", "--gpu", "RTX4090", "--seq-len", "256",
                  "--micro-batch", "1", "--grad-accum", "30", "--node-link-gbit", "100")  # DDP: 0.83 of compute
-    assert ("communication takes longer than compute under ZeRO-2, ZeRO-3/FSDP: it cannot hide behind backward; "
+    assert ("communication takes longer than compute under ZeRO-2, ZeRO-3/FSDP, HSDP: it cannot hide behind backward; "
             "raise --grad-accum or --micro-batch, or use a faster link; communication is shorter than compute but "
             "longer than backward (about 2/3 of compute) under DDP, ZeRO-1: part of it shows") in partly.stdout
     one = cli("--params", "1e9", "--gpus", "1")
@@ -282,7 +283,7 @@ def test_page_gives_the_cli_text_or_its_error_and_the_figures_numbers():
     argv = ["--d-model", "768", "--n-layer", "12", "--gpus", "8", "--price-per-gpu-hour", "2"]
     out = budget.page(argv)
     assert out["ok"] and out["text"] == cli(*argv).stdout.rstrip("\n")
-    assert set(out["memory"]) == set(memory.SCHEME_NAMES.values())
+    assert set(out["memory"]) == {memory.SCHEME_NAMES[s] for s in budget.plan(argv)["est"]["memory"]}
     ddp = out["memory"]["DDP"]
     est = budget.plan(argv)["est"]
     assert sum(ddp.values()) == pytest.approx(est["memory"]["ddp"]["total"] / 1e9)
@@ -339,7 +340,9 @@ def test_the_plan_prints_the_train_gpu_command_of_the_scheme_that_fits():
                                                                      "--grad-sync every")
     line, _ = _command("--d-model", "5120", "--n-layer", "40", "--gpus", "64", "--seq-len", "4096",
                        "--micro-batch", "1", "--gpu", "A100-40GB", "--checkpoint-activations", "--grad-accum", "1")
-    assert line.endswith("--shard fsdp --no-reshard-after-forward --checkpoint-activations")  # bf16 gathered: fits
+    # ZeRO-2 fits too (its gathered weights are bf16), but across 8 machines HSDP is the fastest that fits: its
+    # gathers stay inside each machine
+    assert line.endswith("--shard hsdp --checkpoint-activations")
     line, text = _command("--d-model", "4096", "--n-layer", "32", "--gpus", "64", "--seq-len", "4096",
                           "--micro-batch", "2", "--gpu", "A100-40GB")
     assert "verdict     fits under no scheme" in text and "--micro-batch 1 " in line  # the one that fits
@@ -357,7 +360,8 @@ def test_zero1_is_named_with_the_closest_flag_and_its_cost():
     est = budget.plan(["--d-model", "4096", "--n-layer", "32", "--gpus", "64", "--seq-len", "4096", "--micro-batch",
                        "2", "--checkpoint-activations", "--grad-accum", "4"])["est"]["memory"]
     assert f"sends {(est['zero2']['comm_bytes'] - est['zero1']['comm_bytes']) / 1e9:.2f} GB more" in note
-    assert line.endswith("--shard fsdp --no-reshard-after-forward --checkpoint-activations --grad-sync last")
+    assert line.endswith("--shard hsdp --checkpoint-activations --grad-sync last")  # the fastest that fits
+    assert "note        HSDP: the fastest scheme that fits" in text
 
 
 @pytest.mark.slow  # starts torchrun: not on the fast path (tests/conftest.py)
@@ -508,8 +512,9 @@ def test_the_plan_accumulates_to_the_global_batch():
     ["--model", "7B", "--gpus", "64", "--micro-batch", "1", "--checkpoint-activations"],
     ["--model", "7B", "--gpus", "64", "--micro-batch", "2"],
     ["--model", "7B", "--gpus", "64", "--micro-batch", "1", "--checkpoint-activations", "--memory-gb", "40"],
+    ["--model", "7B", "--gpus", "64", "--micro-batch", "1", "--grad-accum", "8", "--checkpoint-activations"],
 ])
-def test_the_printed_command_is_the_plan_train_gpu_runs(plan):
+def test_the_printed_command_is_the_plan_train_gpu_runs(plan, monkeypatch):
     """The command budget.py prints, parsed by train_gpu.py's own parser: the same global batch, the
     accumulation train_gpu.py derives from it, and the run it plans holds and sends the bytes of the
     budget's row (as tests/test_train_gpu.py checks for its plans)."""
@@ -521,6 +526,8 @@ def test_the_printed_command_is_the_plan_train_gpu_runs(plan):
     line = next(x for x in p["text"].splitlines() if x.startswith("command "))
     argv = shlex.split(line.split(None, 1)[1])
     world, st = p["est"]["gpus"], p["est"]["step"]
+    per_node = next(int(a.split("=")[1]) for a in argv if a.startswith("--nproc-per-node="))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(per_node))  # as torchrun sets it on each machine
     args = build_parser().parse_args(argv[argv.index("code/train_gpu.py") + 1:])
     accum = check_args(args, world)
     assert (args.global_batch_tokens, accum, args.vocab_size) == (st["tokens"], st["grad_accum"], p["shape"].vocab_size)
