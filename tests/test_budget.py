@@ -713,3 +713,16 @@ def test_when_nothing_fits_the_command_is_the_nearest_plan_that_does():
     # nothing at all: said
     none = budget.plan(["--model", "7B", "--gpus", "8", "--gpu", "RTX3060", "--seq-len", "8192"])["text"]
     assert none.splitlines()[-1].startswith("command     none: not even one sequence per GPU fits under any scheme")
+
+
+def test_recomputation_adds_each_blocks_forward_to_the_hours():
+    """--checkpoint-activations redoes every block's forward in backward: 2 FLOPs per block weight and
+    attention's forward, a third of a step's FLOPs less the tied head's share; the hours count them."""
+    base = ["--model", "7B", "--gpus", "64", "--micro-batch", "1", "--grad-accum", "8"]
+    plain, redone = budget.plan(base)["est"], budget.plan([*base, "--checkpoint-activations"])["est"]
+    share = redone["step"]["recompute_share"]
+    assert 0.30 < share < 1 / 3 and plain["step"]["recompute_share"] == 0  # the head is not recomputed
+    assert redone["hours"] == pytest.approx(plain["hours"] * (1 + share))
+    assert redone["flops"] == plain["flops"]  # the model's FLOPs, as MFU counts them
+    assert f"recomputation included: each block's forward again, {share:.1%} more FLOPs" in budget.plan(
+        [*base, "--checkpoint-activations"])["text"]
