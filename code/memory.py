@@ -217,14 +217,21 @@ def step_bytes(shape: Shape, n_params: float, gpus: int = 1, scheme: str = "ddp"
     act = activation_bytes(shape, kernels, checkpoint)
     if layout == "mixed":  # the weights are bf16 already: no autocast copies. The rest stays the
         act["weight copies"] = 0  # autocast run's, an upper bound (pure bf16 saves norm inputs in 2 bytes)
-    act["logit temporaries"] = logits_bytes(shape, kernels)["temporary"]
+    out.update(peak_moment(act, logits_bytes(shape, kernels)["temporary"], checkpoint))
+    out["total"] = sum(out.values())
+    return out
+
+
+def peak_moment(act: dict, logit_temporaries: int, checkpoint: bool) -> dict:
+    """The activations' parts at the larger of their two peaks: the end of forward (everything saved and
+    the loss's temporaries) or, with checkpointing, backward recomputing the last block (the head's tensors
+    and the logits freed by then); a part absent at that moment is 0. Both ledgers use it."""
+    act = {**act, "logit temporaries": logit_temporaries}
     forward_end = {**act, "recomputed block": 0}
     recompute = {part: 0 for part in act}
     if checkpoint:
         recompute.update({"layers": act["layers"], "recomputed block": act["recomputed block"]})
-    out.update(max(forward_end, recompute, key=lambda parts: sum(parts.values())))
-    out["total"] = sum(out.values())
-    return out
+    return max(forward_end, recompute, key=lambda parts: sum(parts.values()))
 
 
 def measured_peak_prediction(shape: Shape, n_params: int, accum: int = 1, checkpoint: bool = False) -> int:
@@ -590,7 +597,7 @@ def run_activation_bytes(run: Run) -> dict:
     layer = _layer_bf16(s)
     return {"layers": s.n_layer * (2 * t * h if run.checkpoint else layer),  # checkpoint keeps the bf16 input
             "recomputed block": layer if run.checkpoint else 0,
-            "head": 8 * t + 8 * t * h + 4 * t + 2 * t * h + 8 * t + 4,  # as autocast's: the norm's output is bf16
+            "head": head_bytes(s, "gpu"),  # as autocast's: the norm's output is bf16
             "logits": logits_bytes(s, "gpu")["saved"],
             "weight copies": 0}
 
@@ -726,13 +733,8 @@ def run_peak_bytes(run: Run, n_params: int | None = None) -> dict:
     if run.shape is None:
         out["total"] = sum(out.values())
         return out
-    act = run_activation_bytes(run)
-    act["logit temporaries"] = logits_bytes(run.shape, run.kernels)["temporary"]
-    forward_end = {**act, "recomputed block": 0}
-    recompute = {part: 0 for part in act}
-    if run.checkpoint:
-        recompute.update({"layers": act["layers"], "recomputed block": act["recomputed block"]})
-    out.update(max(forward_end, recompute, key=lambda parts: sum(parts.values())))
+    out.update(peak_moment(run_activation_bytes(run), logits_bytes(run.shape, run.kernels)["temporary"],
+                           run.checkpoint))
     out["total"] = sum(out.values())
     return out
 
