@@ -54,8 +54,11 @@ def test_train_gpu_and_torchrun_accept_the_launch_line():
     # the workers' time to save after the signal: longer than torchrun's 30 s default, within Slurm's notice
     lead = int(SLURM.read_text(encoding="utf-8").split("#SBATCH --signal=USR1@")[1].split()[0])
     assert 30 < ns.shutdown_timeout < lead, (ns.shutdown_timeout, lead)
-    args = build_parser().parse_args(ns.training_script_args)
-    assert args.auto_resume and args.out == "$OUT"
+    default = SLURM.read_text(encoding="utf-8").split("TRAIN_ARGS=${TRAIN_ARGS:-")[1].split("}")[0]
+    assert default in SKY.read_text(encoding="utf-8")
+    script_args = [x for a in ns.training_script_args for x in (default.split() if a == "$TRAIN_ARGS" else [a])]
+    args = build_parser().parse_args(script_args)
+    assert args.auto_resume and args.out == "$OUT" and args.shard == "hsdp"  # the budget's choice across nodes
 
 
 @pytest.mark.parametrize("status, requeued, rc", [(75, True, 0), (3, False, 1), (None, False, 1)])
