@@ -16,6 +16,10 @@ The Sphinx side (setup(), from sphinx_ext.py) only acts in a LaTeX build:
 - what a PDF cannot hold (the calculator in chapter 12, the search) is one sentence with the command
   that prints the same;
 - the front page's "下载 PDF" links the file beside the web pages (LinkToThePdf).
+
+No EPUB: Sphinx's epub builder is an HTML builder, so it would take what the HTML build adds for the
+browser (chapter 12's calculator as raw HTML, and pyodide.py's 13 MB runtime in its static files), and
+it would need a test of its own like tests/test_pdf.py; neither is done.
 """
 import re
 import shutil
