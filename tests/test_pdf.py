@@ -50,13 +50,21 @@ def squeeze(text: str) -> str:
     return re.sub(r"\s+", "", text)
 
 
+def opens_with(page: str, title: str) -> bool:
+    """Whether the page starts with the title. pdftotext may give the lines of a title that wraps out of
+    order ("第10章 / 跑通 / GPU 训练脚本：先在 CPU 上"): the page's first characters are the title's."""
+    head = squeeze(page)[:len(squeeze(title))]
+    return sorted(head) == sorted(squeeze(title))
+
+
 def opening_pages(pages) -> list[int]:
-    """The page each of _toc.yml's chapters opens on, in order: a page whose first line is its title
-    (a chapter's first page has no running header). The front page is the chapter pdf.FRONT_CHAPTER."""
+    """The page each of _toc.yml's chapters opens on, in order: a page that starts with its title (a
+    chapter's first page has no running header; a long title takes two lines). The front page is the
+    chapter pdf.FRONT_CHAPTER."""
     titles = [pdf.FRONT_CHAPTER] + [book.title(md) for md in book.pages()[1:]]
     found, at = [], 0
     for title in titles:
-        at = next((i for i in range(at, len(pages)) if pages[i].strip().splitlines()[:1] == [title]), None)
+        at = next((i for i in range(at, len(pages)) if opens_with(pages[i], title)), None)
         assert at is not None, f"no page after page {found[-1] + 1 if found else 0} opens with {title!r}"
         found.append(at)
     return found
