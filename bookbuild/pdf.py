@@ -150,7 +150,6 @@ class BookAsLatex(SphinxPostTransform):
 
     def run(self, **kwargs) -> None:
         from . import pyodide
-        from .provenance import insert_after_first_paragraph
         numbers = self.env.toc_fignumbers  # as pages.py numbered them for the web pages
         page_of = _pages(self.document)
         for figure in list(self.document.findall(nodes.figure)):
@@ -164,8 +163,8 @@ class BookAsLatex(SphinxPostTransform):
             if "html" in raw.get("format", "").split() and pyodide.MARK in raw.astext():
                 raw.replace_self(_command_paragraph(CALCULATOR))
         front = self._front_as_a_chapter()
-        if front is not None:
-            insert_after_first_paragraph(front, _command_paragraph(SEARCH))
+        if front is not None:  # first, under its title: the page's first paragraph leads into a list
+            front.insert(1, _command_paragraph(SEARCH))
 
     def _front_as_a_chapter(self):
         """The root page's sections would each be a chapter (its title is the book's, left off): put
