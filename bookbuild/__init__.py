@@ -4,6 +4,7 @@
     python -m bookbuild.refresh [NN_name.md ...]    # re-execute chapters into their paired .ipynb
     python -m bookbuild.gpu_run [--copy-to DIR]     # on a GPU: run the cuda cells, store their outputs
     python -m bookbuild.portability [NN_name.md ...] # nbval under other CPUs' kernels, with each assert's margin
+    python -m bookbuild.pdf                         # the book as a PDF, _build/pdf/, from the execution cache
 
 What lives where:
 
@@ -32,6 +33,11 @@ What lives where:
 - sphinx_ext.py  the Sphinx extension that _config.yml loads: the stored GPU outputs below the
                  cuda cells as the build reads a page, the HTML fix that drops a duplicated script,
                  the calculator's static files and provenance.py's directive and chapter sentence.
+- pdf.py         the PDF (`python -m bookbuild.pdf`): Jupyter Book's LaTeX builder and latexmk with xelatex,
+                 from the execution cache; the Debian package a missing TeX file or font is in; in the
+                 LaTeX build, the Chinese fonts and labels, the web pages' figure numbers, the front page
+                 as one chapter, and a sentence with a command where the web page has what a PDF cannot
+                 hold (the search, chapter 12's calculator).
 - pages.py       how the pages read in Chinese: ASCII quotes paired as “…” (smart quotes are off), figures
                  numbered per chapter (图 6.1), the hidden cells' show/hide prompts, the search box.
 - search.py      the search: an index of each page's Chinese character pairs (every word of two or more

@@ -248,8 +248,9 @@ def fill_table(app, doctree, docname):
     if not placeholders:
         return
     rows, machine = rows_of_this_build(app)
+    this = "这份 PDF（python -m bookbuild.pdf）" if app.builder.format == "latex" else "这一版"
     built = nodes.paragraph(text=(
-        f"这一版构建于 {app.provenance_build_started.strftime(TIME_FORMAT)}，构建机器：{machine.get('CPU')}，"
+        f"{this}构建于 {app.provenance_build_started.strftime(TIME_FORMAT)}，构建机器：{machine.get('CPU')}，"
         f"{machine.get('CPU cores')} 核，{machine.get('ISA')}，{machine.get('OS')}，Python {machine.get('python')}，"
         f"torch {machine.get('torch')}" + (f"，{machine['GPU']}" if machine.get("GPU") else "，没有 GPU")
         + f"；代码提交 {machine.get('git commit')}。"))
@@ -289,7 +290,17 @@ def runtime_paragraph(sentence: str, link: str | None, refuri: str | None) -> no
 
 
 def add_runtime_sentence(app, doctree, docname):
-    """doctree-resolved: on a chapter's page, how long it took to execute and where (runtime_sentence)."""
+    """doctree-resolved: on a chapter's page, how long it took to execute and where (runtime_sentence).
+    The LaTeX builder resolves one doctree for the whole book, each page in it under a start_of_file."""
+    if app.builder.format == "latex":
+        from sphinx import addnodes
+        for page in list(doctree.findall(addnodes.start_of_file)):
+            _add_runtime_sentence(app, page, page["docname"])
+        return
+    _add_runtime_sentence(app, doctree, docname)
+
+
+def _add_runtime_sentence(app, doctree, docname):
     if docname not in {book.docname(md) for md in book.chapters()}:
         return
     rows, machine = rows_of_this_build(app)

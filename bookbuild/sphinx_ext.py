@@ -12,8 +12,10 @@
 - The search finds every Chinese word a page contains, opens a hit at its section and ranks the chapter
   that teaches a glossary term first (search.py).
 - Quotation marks, figure numbers per chapter and the hidden cells' prompts, in Chinese (pages.py).
+- The PDF's LaTeX (pdf.py): fonts and Chinese labels, the web pages' figure numbers, and a sentence
+  with a command where the web page has what a PDF cannot hold.
 """
-from . import pages, provenance, pyodide
+from . import pages, pdf, provenance, pyodide
 from .cuda import show_stored_gpu_outputs
 from .search import use_book_search
 
@@ -41,4 +43,5 @@ def setup(app):
     app.connect("html-page-context", dedupe_scripts, priority=900)
     pyodide.setup(app)  # chapter 12's calculator: Pyodide and budget.py in _static
     provenance.setup(app)  # the provenance page's table, and each chapter's running time at its top
+    pdf.setup(app)  # the PDF's LaTeX: preamble, figure numbers, what a PDF cannot hold
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -194,7 +194,7 @@ def test_each_chapter_page_gets_its_own_sentence(monkeypatch):
             {"docname": second, "run": {"how": "failed", "seconds": None, "record": {}}}]
     app = SimpleNamespace(provenance_rows=(rows, HERE),
                           env=SimpleNamespace(titles={"chapters/provenance": nodes.title(text=LINK)}),
-                          builder=SimpleNamespace(get_relative_uri=lambda a, b: f"../{b}.html"))
+                          builder=SimpleNamespace(format="html", get_relative_uri=lambda a, b: f"../{b}.html"))
     monkeypatch.setattr(provenance, "pages_with_the_table", lambda app, env: ["chapters/provenance"])
     for docname, says in ((first, "从头到尾执行用了 3 分 12 秒"), (second, "执行失败")):
         doc, section = chapter_doctree(nodes.paragraph(text="引言"))

@@ -1,0 +1,181 @@
+"""The PDF as a reader meets it, read with poppler (pdftotext, pdffonts, pdftoppm).
+
+Builds the PDF once (`python -m bookbuild.pdf`, which executes only chapters missing from the execution
+cache), after the HTML build if the tests have not made one for these inputs. Checks: every chapter's
+title opens a page, in _toc.yml's order; the page count; every glued value of chapters 2, 9 and 12,
+in order, exactly as the built HTML shows it; as many numbered figures as the HTML, with the same
+numbers; a CJK font embedded and a Chinese paragraph extracted back as the same characters; no
+unresolved reference; no line of code or output past the margin. A few pages are rendered to PNG in
+_build/pdf/pages/ for a person to look at.
+
+Skips (one line) without the Debian packages bookbuild/pdf.py names; in CI (CI=true) that is a failure.
+"""
+import html.parser
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bookbuild import book, pdf
+from bookbuild.cache import STAMP, inputs_hash
+
+REPO = Path(__file__).resolve().parent.parent
+HTML = REPO / "_build" / "html"
+PAGES = pdf.OUT.parent / "pages"
+PAGE_RANGE = (150, 240)  # 179 pages on A4 at 10 pt when this test was written
+GLUED_CHAPTERS = ("02_speed", "09_scaling", "12_budget")
+MISSING = pdf.missing_package() or (None if shutil.which("pdftotext") else "poppler-utils")
+if MISSING and os.environ.get("CI") == "true":
+    raise RuntimeError(f"CI builds the PDF: apt-get install {MISSING}")
+pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"no PDF build here: apt-get install {MISSING}")
+
+
+def html_is_current() -> bool:
+    """Whether the HTML build another test made (test_browser's, or README's command 1) is of these
+    inputs and newer than every page's source: then it is not built again."""
+    if not STAMP.is_file() or STAMP.read_text() != inputs_hash():
+        return False
+    built_at = STAMP.stat().st_mtime
+    return all((HTML / f"{book.docname(md)}.html").is_file() and md.stat().st_mtime < built_at
+               for md in book.pages())
+
+
+@pytest.fixture(scope="module")
+def built():
+    """The PDF's text, one string per page; built after the HTML, which the glued values come from."""
+    if not html_is_current():
+        assert subprocess.run([sys.executable, "-m", "bookbuild.build", "--strict"], cwd=REPO).returncode == 0
+    assert subprocess.run([sys.executable, "-m", "bookbuild.pdf"], cwd=REPO).returncode == 0
+    text = subprocess.run(["pdftotext", "-enc", "UTF-8", str(pdf.OUT), "-"], capture_output=True,
+                          text=True, check=True).stdout
+    return text.split("\f")[:-1]  # pdftotext ends every page with a form feed
+
+
+def squeeze(text: str) -> str:
+    """Text without its line breaks and spaces: pdftotext breaks lines where the page does."""
+    return re.sub(r"\s+", "", text)
+
+
+def opens_with(page: str, title: str) -> bool:
+    """Whether the page starts with the title. pdftotext may give the lines of a title that wraps out of
+    order ("第10章 / 跑通 / GPU 训练脚本：先在 CPU 上"): the page's first characters are the title's."""
+    head = squeeze(page)[:len(squeeze(title))]
+    return sorted(head) == sorted(squeeze(title))
+
+
+def opening_pages(pages) -> list[int]:
+    """The page each of _toc.yml's chapters opens on, in order: a page that starts with its title (a
+    chapter's first page has no running header; a long title takes two lines). The front page is the
+    chapter pdf.FRONT_CHAPTER."""
+    titles = [pdf.FRONT_CHAPTER] + [book.title(md) for md in book.pages()[1:]]
+    found, at = [], 0
+    for title in titles:
+        at = next((i for i in range(at, len(pages)) if opens_with(pages[i], title)), None)
+        assert at is not None, f"no page after page {found[-1] + 1 if found else 0} opens with {title!r}"
+        found.append(at)
+    return found
+
+
+class Pasted(html.parser.HTMLParser):
+    """The glued values of a built page: the text of each span.pasted-text."""
+
+    def __init__(self):
+        super().__init__()
+        self.values, self.depth = [], 0
+
+    def handle_starttag(self, tag, attrs):
+        if self.depth:
+            self.depth += tag == "span"
+        elif tag == "span" and "pasted-text" in (dict(attrs).get("class") or "").split():
+            self.depth = 1
+            self.values.append("")
+
+    def handle_endtag(self, tag):
+        if self.depth and tag == "span":
+            self.depth -= 1
+
+    def handle_data(self, data):
+        if self.depth:
+            self.values[-1] += data
+
+
+def glued_values(name: str) -> list[str]:
+    parser = Pasted()
+    parser.feed((HTML / "chapters" / f"{name}.html").read_text(encoding="utf-8"))
+    return parser.values
+
+
+def test_chapters_in_order_and_page_count(built):
+    starts = opening_pages(built)
+    assert PAGE_RANGE[0] <= len(built) <= PAGE_RANGE[1], f"{len(built)} pages"
+    names = [md.stem for md in book.pages()]
+    for md in book.chapters():  # provenance.py's sentence on each chapter's first page, as on the web
+        assert "你的机器上会不同" in squeeze(built[starts[names.index(md.stem)]]), md.name
+    assert "这份PDF（python-mbookbuild.pdf）构建于" in squeeze("".join(built[starts[-1]:]))
+    assert squeeze(pdf.CALCULATOR) in squeeze("".join(built[starts[names.index("12_budget")]:]))
+
+
+@pytest.mark.parametrize("name", GLUED_CHAPTERS)
+def test_glued_values_as_in_the_html(built, name):
+    names = [md.stem for md in book.pages()]
+    starts = opening_pages(built)
+    k = names.index(name)
+    chapter = squeeze("".join(built[starts[k]:starts[k + 1] if k + 1 < len(starts) else None]))
+    values = glued_values(name)
+    assert len(values) > 10, f"{name}: only {len(values)} glued values in the HTML"
+    at = 0
+    for value in values:  # each where the HTML has it, after the one before
+        where = chapter.find(squeeze(value), at)
+        assert where >= 0, f"{name}: glued value {value!r} not in the PDF after {chapter[max(0, at - 60):at]!r}"
+        at = where + len(squeeze(value))
+
+
+def test_figures_as_in_the_html(built):
+    on_pages = re.compile(r"图 (\d+\.\d+)")
+    numbered = re.compile(r'class="caption-number">图 (\d+\.\d+)')
+    in_html = sorted(set(n for page in HTML.glob("chapters/*.html")
+                         for n in numbered.findall(page.read_text(encoding="utf-8"))))
+    captions = sorted(set(n for page in built for line in page.splitlines()
+                          if (m := on_pages.match(line.strip())) for n in [m.group(1)]))
+    assert in_html and captions == in_html
+    images = subprocess.run(["pdfimages", "-list", str(pdf.OUT)], capture_output=True, text=True, check=True)
+    n_html = sum(len(re.findall(r"<img [^>]*src=\"[^\"]*_images/", p.read_text(encoding="utf-8")))
+                 for p in HTML.glob("chapters/*.html"))
+    n_pdf = sum(1 for line in images.stdout.splitlines()[2:] if line.split()[2] == "image")
+    assert n_pdf == n_html
+
+
+def test_cjk_font_embedded_and_text_extracts(built):
+    fonts = subprocess.run(["pdffonts", str(pdf.OUT)], capture_output=True, text=True, check=True).stdout
+    cjk = [line for line in fonts.splitlines() if "CJK" in line]
+    assert cjk and all(line.split()[-5] == "yes" for line in cjk), fonts  # the "emb" column
+    front = (REPO / "chapters" / "00_front.md").read_text(encoding="utf-8")
+    paragraph = next(p for p in front.split("\n\n") if p.startswith("这是一本可以执行的书"))
+    assert squeeze(paragraph) in squeeze("".join(built))
+
+
+def test_no_unresolved_reference(built):
+    assert not [i + 1 for i, page in enumerate(built) if "??" in page]
+
+
+def test_code_stays_inside_the_page(built):
+    log = (pdf.LATEX / f"{pdf.NAME}.log").read_text(encoding="utf-8", errors="replace")
+    overfull = pdf.overfull_verbatim(log)
+    assert len(overfull) <= pdf.OVERFULL_VERBATIM_ALLOWED, overfull
+
+
+def test_pages_rendered_for_a_person(built):
+    starts = opening_pages(built)
+    names = [md.stem for md in book.pages()]
+    figure = next(i for i, page in enumerate(built) if re.search(r"^图 \d+\.\d+", page, re.M))
+    code = next(i for i in range(starts[names.index("02_speed")], len(built)) if "print(" in built[i])
+    shutil.rmtree(PAGES, ignore_errors=True)
+    PAGES.mkdir(parents=True)
+    for label, index in [("chapter-opening", starts[names.index("09_scaling")]), ("figure", figure), ("code", code)]:
+        subprocess.run(["pdftoppm", "-png", "-r", "80", "-f", str(index + 1), "-l", str(index + 1),
+                        "-singlefile", str(pdf.OUT), str(PAGES / f"{label}-p{index + 1}")], check=True)
+    assert len(list(PAGES.glob("*.png"))) == 3
