@@ -3,10 +3,13 @@ and loaded safely on any number of processes.
 
 OUT/checkpoints/step_NNNNNNNN/ holds each process's shards (__R_0.distcp), train_state.json (step,
 model shape, scheme, the settings that shape the run) and DCP's .metadata, written last: a folder
-without it is a save that was cut. A load never runs code from the files:
+without it is a save that was cut. A load calls nothing the files name outside an exact list and
+changes no object it did not make:
 - .metadata is a pickle, read with an exact allowlist of (module, name) pairs: DCP's record classes,
-  torch.Size, dtypes, a layout and a path; a dotted name (pickle protocol 4's way to reach an
-  attribute of an attribute, e.g. `filesystem` + `os.system`) is refused;
+  torch.Size, OrderedDict, dtypes, a layout's lookup and a path; a dotted name (pickle protocol 4's
+  way to reach an attribute of an attribute, e.g. `filesystem` + `os.system`) is refused, and so is
+  pickle's BUILD (which sets attributes) on anything but a new instance of DCP's dataclasses: on
+  PosixPath it would rebind a method for the whole process;
 - the tensors and the optimizer's plain values with torch.load(weights_only=True).
 Anything else that is wrong (a damaged, missing or truncated shard, another model's shapes, a folder
 another program saved, a broken train_state.json) is refused in one sentence with exit status 1,
@@ -18,6 +21,7 @@ import json
 import pickle
 import re
 import shutil
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
@@ -100,15 +104,46 @@ def save(out: Path, step: int, state: dict, train_state: dict, rank: int, world:
     return path
 
 
+BUILT = frozenset({*((_DCP + "metadata", name) for name in (  # DCP's dataclasses, a new instance per call
+    "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+    "BytesStorageMetadata", "ChunkStorageMetadata")), (_DCP + "filesystem", "_StorageInfo")})
+
+
+def _checked(check, load):
+    return lambda unpickler: (check(unpickler), load(unpickler))
+
+
 class SafeUnpickler(pickle._Unpickler):
     """Reads DCP's .metadata allowing exactly SAFE_GLOBALS and torch's dtypes, nothing else. Python's
-    own unpickler, not the C one: a damaged memo index or length then fails instead of allocating it."""
+    own unpickler, not the C one: a damaged memo index or length then fails instead of allocating it.
+
+    The opcodes that change an object already on the stack act only on one this load made: BUILD (set
+    attributes) on an instance of BUILT, never on a class, a function or an enum member (a BUILD on
+    PosixPath would rebind its methods in the whole process); SETITEM(S), APPEND(S) and ADDITEMS on
+    a plain dict, list or set (on anything else they call the object's own methods)."""
 
     def find_class(self, module, name):
         if "." not in name and ((module, name) in SAFE_GLOBALS or (
                 module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint's metadata")
+
+    def _changes(self, opcode: str, obj, kinds=None) -> None:
+        kind = type(obj)
+        if kind not in kinds if kinds else (kind.__module__, kind.__qualname__) not in BUILT:
+            raise pickle.UnpicklingError(f"{opcode} on a {kind.__name__} is not allowed in a checkpoint's metadata")
+
+    def _below_mark(self):  # what SETITEMS, APPENDS and ADDITEMS change: the object under the last MARK
+        return self.metastack[-1][-1] if self.metastack and self.metastack[-1] else None
+
+    CHANGES = {pickle.BUILD: lambda u: u._changes("BUILD", u.stack[-2]),
+               pickle.SETITEM: lambda u: u._changes("SETITEM", u.stack[-3], (dict, OrderedDict)),
+               pickle.SETITEMS: lambda u: u._changes("SETITEMS", u._below_mark(), (dict, OrderedDict)),
+               pickle.APPEND: lambda u: u._changes("APPEND", u.stack[-2], (list,)),
+               pickle.APPENDS: lambda u: u._changes("APPENDS", u._below_mark(), (list,)),
+               pickle.ADDITEMS: lambda u: u._changes("ADDITEMS", u._below_mark(), (set,))}
+    dispatch = {**pickle._Unpickler.dispatch, **{
+        op[0]: _checked(check, pickle._Unpickler.dispatch[op[0]]) for op, check in CHANGES.items()}}
 
 
 def read_metadata(path: Path):

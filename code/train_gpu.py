@@ -49,7 +49,8 @@ Checkpoints (code/checkpoint.py): OUT/checkpoints/step_NNNNNNNN/, every process'
 without .metadata is a cut save, removed on the next start. --resume continues from the newest complete
 one on any number of processes and either scheme; --auto-resume does so if there is one (launch/ uses
 it). A changed --lr, --warmup, --min-lr-ratio, --weight-decay, --global-batch-tokens, --seed or --steps
-is printed; a checkpoint beyond --steps is refused. A load never unpickles code. OUT/model.pt: the final
+is printed; a checkpoint beyond --steps is refused. A load calls nothing outside an exact list of DCP's
+record classes and changes no object it did not make (checkpoint.py). OUT/model.pt: the final
 weights as one plain state_dict, written when a run reaches --steps.
 
 Preemption: on SIGTERM or SIGUSR1 every process finishes its step; they agree at the next poll (every

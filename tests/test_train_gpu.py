@@ -22,6 +22,7 @@ import psutil
 import pytest
 import torch
 
+from checkpoint import SAFE_GLOBALS
 from data import REPO
 
 SCRIPT = str(REPO / "code" / "train_gpu.py")
@@ -309,7 +310,7 @@ def main_here(args, status=0):
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
-    assert e.value.code == status
+    assert status is None or e.value.code == status
     return e
 
 
@@ -352,6 +353,89 @@ def test_a_checkpoint_that_would_run_code_is_refused(tiny, tmp_path, capsys, mod
     msg = refusal(e, capsys)
     assert "cannot be read safely" in msg and f"{module}.{name} is not allowed" in msg, msg
     assert not (tmp_path / "pwned").exists()
+
+
+def _text(x: str) -> bytes:
+    b = x.encode()
+    return b"\x8c" + bytes([len(b)]) + b
+
+
+def _global(module: str, name: str) -> bytes:
+    return _text(module) + _text(name) + b"\x93"  # STACK_GLOBAL
+
+
+def _poison(target: bytes, attr: str, value: bytes, slot=True) -> bytes:
+    """GLOBAL target; BUILD (None, {attr: value}) (or ({attr: value},) into its __dict__); POP: what sets
+    an attribute of an allowlisted class or function when pickle's BUILD is not restricted."""
+    state = b"}" + _text(attr) + value + b"s"  # EMPTY_DICT key value SETITEM
+    return target + ((b"N" + state + b"\x86") if slot else state) + b"b0"  # TUPLE2 BUILD POP
+
+
+def _allowed_objects():
+    """Every object a .metadata may name (the allowlist, the enum's members) or that torch's layout
+    lookup caches: what a load must leave as it was."""
+    import enum
+    import importlib
+
+    from checkpoint import SAFE_GLOBALS
+    objs = [getattr(importlib.import_module(m), n) for m, n in sorted(SAFE_GLOBALS)]
+    return objs + [m for o in objs if isinstance(o, type) and issubclass(o, enum.Enum) for m in o]
+
+
+def _snapshot():
+    """{id: (object, its __dict__ copied, _get_layout's cache copied)} of _allowed_objects()."""
+    return {id(o): (o, dict(vars(o)), dict(getattr(o, "cache", None) or {})) for o in _allowed_objects()
+            if hasattr(o, "__dict__")}
+
+
+def _changed(before) -> list:
+    """The objects of `before` whose attributes are not the same objects as then; restores them."""
+    changed = []
+    for o, attrs, cache in before.values():
+        now = dict(vars(o))
+        if now.keys() != attrs.keys() or any(now[k] is not attrs[k] for k in attrs) or (
+                cache and o.cache != cache):
+            changed.append(getattr(o, "__qualname__", repr(o)))
+            for k in now.keys() - attrs.keys():
+                delattr(o, k)
+            for k, v in attrs.items():
+                if now.get(k) is not v:
+                    setattr(o, k, v)
+            if cache:
+                o.cache.clear()
+                o.cache.update(cache)
+    return changed
+
+
+BUILD_PAYLOADS = {  # the review's (code-review.md §7): each changes how the loading process handles paths
+    "PosixPath.__ne__ = PosixPath (the next save deletes the checkpoint it wrote)":
+        _poison(_global("pathlib", "PosixPath"), "__ne__", _global("pathlib", "PosixPath")),
+    "PosixPath.is_dir = torch.Size (no checkpoint is found)":
+        _poison(_global("pathlib", "PosixPath"), "is_dir", _global("torch", "Size")),
+    "PosixPath.__fspath__ = _get_layout and its cache (paths redirected)":
+        _poison(_global("torch.serialization", "_get_layout"), "cache",
+                b"}" + _global("pathlib", "PosixPath") + _text("/ckpt/train-gpu") + b"\x85R" + _text("/elsewhere")
+                + b"s", slot=False)
+        + _poison(_global("pathlib", "PosixPath"), "__fspath__", _global("torch.serialization", "_get_layout")),
+}
+
+
+@pytest.mark.parametrize("payload", list(BUILD_PAYLOADS))
+def test_a_checkpoint_that_would_change_the_loader_is_refused(tiny, tmp_path, capsys, payload):
+    """PROTO + the poison + the real .metadata's bytes, which pickle reads as one stream: the
+    checkpoint would load whole, and with it the process's PosixPath or _get_layout changed."""
+    out, d = _copy_checkpoint(tiny, tmp_path)
+    good = (d / ".metadata").read_bytes()
+    (d / ".metadata").write_bytes(b"\x80\x04" + BUILD_PAYLOADS[payload] + good)
+    capsys.readouterr()
+    before = _snapshot()
+    try:
+        e = main_here(HERE + ["--steps", "3", "--resume", "--out", str(out)], status=None)
+    finally:
+        changed = _changed(before)
+    assert changed == [], changed
+    msg = refusal(e, capsys)
+    assert "cannot be read safely" in msg and "BUILD on a " in msg and "is not allowed" in msg, msg
 
 
 def _damage(case, d, tmp_path):
@@ -499,7 +583,7 @@ def test_preflight_on_two_processes_measures_the_all_reduce(tmp_path):
 
 def _fuzzed(rng, good: bytes, sentinel_module: str) -> bytes:
     """Random bytes, a mutated or cut copy of a real .metadata, or one whose globals name a sentinel."""
-    kind = rng.integers(6)
+    kind = rng.integers(7)
     if kind == 0:
         return rng.bytes(int(rng.integers(0, 4096)))
     if kind == 1:
@@ -511,14 +595,21 @@ def _fuzzed(rng, good: bytes, sentinel_module: str) -> bytes:
         return bytes(data)
     if kind == 4:  # a real call of a sentinel that an allowed module is made to hold
         return _pickle_calling(sentinel_module, "sentinel", "x")
+    if kind == 5:  # BUILD on an allowed class, function or enum member, before the real bytes
+        module, name = sorted(SAFE_GLOBALS)[int(rng.integers(len(SAFE_GLOBALS)))]
+        target = _global(module, name) + (b"K\x00\x85R" if name == "_MEM_FORMAT_ENCODING" else b"")  # a member
+        attr = str(rng.choice(["__ne__", "__eq__", "is_dir", "exists", "__fspath__", "cache", "__call__", "x"]))
+        value = _global(*sorted(SAFE_GLOBALS)[int(rng.integers(len(SAFE_GLOBALS)))])
+        return b"\x80\x04" + _poison(target, attr, value, slot=bool(rng.integers(2))) + good
     name = rng.choice(["os.system", "sentinel.__call__", "sys.modules.os.system", "dataclasses.sys.exit"])
     return _pickle_calling(rng.choice([sentinel_module, "torch", "collections", "pathlib"]), str(name), "x")
 
 
 def test_fuzzed_metadata_and_train_state_are_refused_in_one_sentence(tiny, tmp_path, capsys, monkeypatch):
     """Thousands of random and mutated .metadata and train_state.json files against the loader's
-    checks: each is accepted as a whole or refused with one sentence and exit 1, and nothing a pickle
-    names is ever called (a sentinel put into an allowed module and the dotted names record it)."""
+    checks: each is accepted as a whole or refused with one sentence and exit 1, nothing a pickle
+    names is ever called (a sentinel put into an allowed module and the dotted names record it), and no
+    attribute of an allowlisted class, function or enum member is changed (checked after every load)."""
     import torch.distributed.checkpoint.filesystem as filesystem
 
     from checkpoint import read_metadata, read_train_state
@@ -531,6 +622,8 @@ def test_fuzzed_metadata_and_train_state_are_refused_in_one_sentence(tiny, tmp_p
     good_meta, good_state = (d / ".metadata").read_bytes(), (d / "train_state.json").read_bytes()
     rng = np.random.default_rng(0)
     refused = accepted = 0
+    read_metadata(d)  # torch's layout lookup fills its cache on its first call: that is not a change
+    before = _snapshot()
     for i in range(3000):
         if i % 3:
             (d / ".metadata").write_bytes(_fuzzed(rng, good_meta, filesystem.__name__))
@@ -549,6 +642,8 @@ def test_fuzzed_metadata_and_train_state_are_refused_in_one_sentence(tiny, tmp_p
             err = capsys.readouterr().err
             assert e.code == 1 and err.count("\n") == 1 and err.startswith("error: --resume: "), err
             refused += 1
+        changed = _changed(before)
+        assert changed == [], (i, changed)
     assert calls == [] and refused > 2500, (calls, refused, accepted)
     print(f"fuzzing: {refused} refused in one sentence, {accepted} read as a whole, 0 calls")
 
