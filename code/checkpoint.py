@@ -3,7 +3,8 @@ and loaded safely on any number of processes.
 
 OUT/checkpoints/step_NNNNNNNN/ holds each process's shards (__R_0.distcp), train_state.json (step,
 model shape, scheme, the settings that shape the run) and DCP's .metadata, written last: a folder
-without it is a save that was cut. A load calls nothing the files name outside an exact list and
+without it is a save that was cut. The newest KEEP (2) complete ones are kept; a save that fails
+removes its folder and raises SaveFailed on every process. A load calls nothing the files name outside an exact list and
 changes no object it did not make:
 - .metadata is a pickle, read with an exact allowlist of (module, name) pairs: DCP's record classes,
   torch.Size, OrderedDict, dtypes, a layout's lookup and a path; a dotted name (pickle protocol 4's
@@ -33,6 +34,10 @@ from script_support import save_atomic, write_json
 CKPT_DIR = "checkpoints"
 STATE_NAME = "train_state.json"
 EXPORT_NAME = "model.pt"
+# complete checkpoints kept: one damaged after its save still leaves one. torchtitan refuses to keep fewer
+# than 2 (torchtitan/components/checkpoint.py, keep_latest_k: "the last one may be in the process of being saved")
+KEEP = 2
+EXIT_SAVE_FAILED = 74  # EX_IOERR: a checkpoint could not be saved; train_gpu.py exits with it
 SHARD_FILE = re.compile(r"__\d+_\d+\.distcp")  # what DCP's FileSystemWriter names its files
 
 _DCP = "torch.distributed.checkpoint."
@@ -82,24 +87,58 @@ def single_process_quiet():
         yield
 
 
-def save(out: Path, step: int, state: dict, train_state: dict, rank: int, world: int) -> Path:
+class SaveFailed(Exception):
+    """A checkpoint could not be saved; str() is the sentence for the reader. The step's folder is removed,
+    the complete checkpoints before it are kept."""
+
+
+def save(out: Path, step: int, state: dict, train_state: dict, rank: int, world: int, device=None) -> Path:
     """Save `state` (tensors, resharded by DCP on load) and train_state.json as the checkpoint of
-    `step`, then remove the older ones. A kill at any moment leaves the previous complete checkpoint."""
+    `step`, then remove all but the newest KEEP complete ones. A kill at any moment leaves the previous
+    complete checkpoints; a save that fails (a full disk on any process: DCP's CheckpointException, a
+    BaseException) raises SaveFailed on every process, its half-written folder removed. `device`: where
+    the processes' failure flag is all-reduced (NCCL needs the GPU)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     path = step_dir(out, step)
+    failure = None
     if rank == 0:
-        shutil.rmtree(path, ignore_errors=True)  # a cut save of this very step, from an earlier run
-        path.mkdir(parents=True)
-        write_json(path / STATE_NAME, {"step": step, **train_state})
+        try:
+            shutil.rmtree(path, ignore_errors=True)  # a cut save of this very step, from an earlier run
+            path.mkdir(parents=True)
+            write_json(path / STATE_NAME, {"step": step, **train_state})
+        except OSError as e:
+            failure = (0, e)
+    if world > 1:  # the barrier before DCP's writes, which also tells every process whether rank 0 failed
+        flag = torch.tensor(int(failure is not None), device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        failure = failure or ((0, OSError("process 0 could not write train_state.json")) if flag.item() else None)
+    if failure is None:
+        try:
+            with single_process_quiet():
+                dcp.save(state, checkpoint_id=path, no_dist=world == 1)  # .metadata last: complete
+        except (OSError, CheckpointException) as e:  # DCP raises CheckpointException on every process
+            failures = getattr(e, "failures", None) or {rank: (e,)}
+            failure = min((r, f[0]) for r, f in failures.items())  # the lowest rank's (exception, traceback)
+    if failure is not None:
+        # a full disk often shows only as torch.save's short write ("unexpected pos"): say how full it is
+        free = shutil.disk_usage(path.parent).free / 2**20 if path.parent.is_dir() else 0.0
+        if rank == 0:
+            shutil.rmtree(path, ignore_errors=True)  # half-written: it must not count, and it holds space
+        who, cause = failure
+        why = (str(cause).strip().splitlines() or [type(cause).__name__])[-1][:200]
+        kept = [d.name for d in complete_checkpoints(out) if d != path]
+        raise SaveFailed(f"the checkpoint of step {step} could not be saved in {Path(out) / CKPT_DIR} (process {who}: "
+                         f"{type(cause).__name__}: {why}; {free:,.2f} MiB were free there on process {rank}); "
+                         + (f"the complete checkpoint(s) {', '.join(kept)} are kept, free space (or fix --out) and "
+                            "continue with --resume" if kept else "no earlier checkpoint exists")
+                         + f" (exit status {EXIT_SAVE_FAILED})")
     if world > 1:
         dist.barrier()
-    with single_process_quiet():
-        dcp.save(state, checkpoint_id=path, no_dist=world == 1)  # .metadata last: complete
-    if world > 1:
-        dist.barrier()
     if rank == 0:
+        keep = complete_checkpoints(out)[-KEEP:]
         for old in (Path(out) / CKPT_DIR).glob("step_*"):
-            if old != path:
+            if old not in keep:
                 shutil.rmtree(old, ignore_errors=True)
     return path
 
@@ -146,6 +185,16 @@ class SafeUnpickler(pickle._Unpickler):
         op[0]: _checked(check, pickle._Unpickler.dispatch[op[0]]) for op, check in CHANGES.items()}}
 
 
+def _refuse(path: Path, message: str):
+    """refuse(message) about the checkpoint folder `path`, naming the complete one before it if one is kept."""
+    path = Path(path)
+    older = [d for d in complete_checkpoints(path.parent.parent) if d.name < path.name]
+    if older:
+        message += (f"; the checkpoint before it, {older[-1].name}, is kept: move {path.name} out of "
+                    f"{CKPT_DIR}/ to resume from that one")
+    refuse(message)
+
+
 def read_metadata(path: Path):
     """DCP's Metadata of the checkpoint folder `path`, checked for what a load relies on; one
     sentence and exit 1 if it cannot be read safely."""
@@ -164,7 +213,7 @@ def read_metadata(path: Path):
             metadata.storage_meta = StorageMeta()
     except Exception as e:  # anything a damaged pickle raises: nothing it names was called
         why = (str(e).splitlines() or [type(e).__name__])[0][:160]
-        refuse(f"--resume: {Path(path).name}/.metadata cannot be read safely ({type(e).__name__}: {why}); "
+        _refuse(path, f"--resume: {Path(path).name}/.metadata cannot be read safely ({type(e).__name__}: {why}); "
                "it is damaged or was not written by torch.distributed.checkpoint")
     return metadata
 
@@ -182,7 +231,7 @@ def read_train_state(path: Path, config: dict) -> dict:
     except (OSError, ValueError, RecursionError):
         ok = False
     if not ok:
-        refuse(f"--resume: {path.name}/{STATE_NAME} is not a train_gpu.py training state")
+        _refuse(path, f"--resume: {path.name}/{STATE_NAME} is not a train_gpu.py training state")
     if state.get("model_config") != config:
         refuse(f"--resume: the checkpoint's model {str(state.get('model_config'))[:200]} differs from this "
                f"run's {config}")
@@ -192,8 +241,8 @@ def read_train_state(path: Path, config: dict) -> dict:
     for name, size in sorted(files.items()):
         f = path / name
         if not f.is_file() or f.stat().st_size < size:
-            refuse(f"--resume: shard file {path.name}/{name} is {'missing' if not f.is_file() else 'truncated'}; "
-                   "the checkpoint cannot be loaded (an earlier one was removed when it completed)")
+            what = "missing" if not f.is_file() else "truncated"
+            _refuse(path, f"--resume: shard file {path.name}/{name} is {what}; the checkpoint cannot be loaded")
     return state
 
 
@@ -232,11 +281,11 @@ def _fits(path: Path, target: dict) -> None:
     for key, value in flatten_state_dict(target)[0].items():
         entry = saved.get(key)
         if entry is None:
-            refuse(f"--resume: {path.name} holds no {key}: it was not saved by train_gpu.py for this model")
+            _refuse(path, f"--resume: {path.name} holds no {key}: it was not saved by train_gpu.py for this model")
         if torch.is_tensor(value) and (not isinstance(entry, TensorStorageMetadata)
                                        or tuple(entry.size) != tuple(value.shape)):
             size = tuple(entry.size) if isinstance(entry, TensorStorageMetadata) else "not a tensor"
-            refuse(f"--resume: {path.name} holds {key} as {size}, this run needs {tuple(value.shape)}")
+            _refuse(path, f"--resume: {path.name} holds {key} as {size}, this run needs {tuple(value.shape)}")
 
 
 def load(path: Path, target: dict, world: int, optional=()) -> None:
@@ -258,7 +307,7 @@ def load(path: Path, target: dict, world: int, optional=()) -> None:
         failures = getattr(e, "failures", None)
         cause = next(iter(failures.values()))[0] if failures else e  # one rank's (exception, traceback)
         why = (str(cause).strip().splitlines() or [type(cause).__name__])[-1][:200]
-        refuse(f"--resume: {path.name} cannot be loaded, a shard is damaged ({type(cause).__name__}: {why})")
+        _refuse(path, f"--resume: {path.name} cannot be loaded, a shard is damaged ({type(cause).__name__}: {why})")
 
 
 # ---- what train_gpu.py's Trainer `t` saves and restores (model, optimizer, sampler, loss scaler) ----
@@ -281,7 +330,7 @@ def save_checkpoint(t, step: int, train_state: dict) -> Path:
     """Save train_gpu.py's Trainer `t` at `step`; train_state: what train_state.json holds beside the step."""
     train_state = {**train_state, "world_size": t.world, "skipped_steps": t.skipped,
                    "shard": "fsdp" if t.sharded else "ddp"}
-    return save(t.args.out, step, checkpoint_state(t), train_state, t.rank, t.world)
+    return save(t.args.out, step, checkpoint_state(t), train_state, t.rank, t.world, t.device)
 
 
 def load_checkpoint(t, path: Path, state: dict) -> int:

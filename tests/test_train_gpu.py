@@ -543,6 +543,99 @@ def test_fp16_with_a_real_overflow_stopped_and_resumed_equals_the_uninterrupted_
     assert 0 < log("whole")[-1]["skipped_steps"] < 6, log("whole")  # some overflowed, later ones stepped
 
 
+# a checkpoint of about 1.6 MB (the 8192 × 16 embedding with AdamW's two moments): one fits in 2,600 KiB, two do not
+SMALL = ["--device", "cpu", "--d-model", "16", "--n-layer", "1", "--n-head", "2", "--seq-len", "32", "--micro-batch",
+         "8", "--global-batch-tokens", "512", "--log-every", "1", "--sample-tokens", "0", "--timeout-s", "60"]
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A real file system of 2,600 KiB (tmpfs; mounting needs root)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2600k", "tmpfs", str(disk)], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+@pytest.mark.parametrize("when", ["scheduled", "stop"])
+def test_a_save_on_a_full_disk_is_one_sentence_recorded_and_keeps_the_one_before(full_disk, tmp_path, capsys,
+                                                                                  monkeypatch, when):
+    """The second checkpoint does not fit: DCP raises CheckpointException (a BaseException). The run ends
+    with one sentence and exit 74, recorded in run.json, the half-written folder removed and the first
+    checkpoint whole (it resumes); the same when the save is the one a stop request makes (at step 2):
+    74 is recorded, not 75, so that a requeue does not meet the same full disk."""
+    import train_gpu_faults
+    out = full_disk / "out"
+    if when == "stop":
+        train_gpu_faults.install("stop=2", monkeypatch.setattr)
+    e = main_here(SMALL + ["--steps", "3", "--save-every", "1", "--out", str(out)], status=None)
+    msg = refusal(e, capsys, status=74)
+    assert "the checkpoint of step 2 could not be saved" in msg and "step_00000001 are kept" in msg, msg
+    free = float(msg.split(" MiB were free there on process 0")[0].rsplit("; ", 1)[1])
+    one = sum(f.stat().st_size for f in ckpt_dirs(out)[0].iterdir()) / 2**20
+    assert free < one and msg.endswith("(exit status 74)"), (free, one, msg)  # the disk could not hold a second
+    assert json.loads((out / "run.json").read_text(encoding="utf-8"))["exit_code"] == 74
+    assert [d.name for d in ckpt_dirs(out)] == ["step_00000001"]  # the cut one is gone: it does not count
+    roomy = tmp_path / "roomy"
+    shutil.copytree(out, roomy)
+    monkeypatch.undo()
+    main_here(SMALL + ["--steps", "2", "--save-every", "0", "--resume", "--out", str(roomy)])
+    assert "resumed from step_00000001 at step 1" in capsys.readouterr().out
+
+
+def test_two_complete_checkpoints_are_kept_and_a_damaged_newest_names_the_one_before(tmp_path, capsys):
+    out = tmp_path / "out"
+    main_here(SMALL + ["--steps", "3", "--save-every", "1", "--out", str(out)])
+    assert [d.name for d in ckpt_dirs(out)] == ["step_00000002", "step_00000003"]
+    newest = ckpt_dirs(out)[-1]
+    shard = newest / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:shard.stat().st_size // 2])  # damaged after its save completed
+    capsys.readouterr()
+    e = main_here(SMALL + ["--steps", "4", "--resume", "--out", str(out)], status=1)
+    msg = refusal(e, capsys)
+    assert "__0_0.distcp is truncated" in msg and "the checkpoint before it, step_00000002, is kept" in msg, msg
+    shutil.move(newest, tmp_path / "damaged")
+    main_here(SMALL + ["--steps", "4", "--save-every", "0", "--resume", "--out", str(out)])
+    assert "resumed from step_00000002 at step 2" in capsys.readouterr().out
+    assert [d.name for d in ckpt_dirs(out)] == ["step_00000002", "step_00000004"]
+
+
+def test_out_of_memory_is_one_sentence_with_the_ledger_and_recorded(tmp_path, capsys, monkeypatch):
+    """torch.OutOfMemoryError in the second step: the figure the run printed from the ledger, and what to
+    lower in the book's order."""
+    import train_gpu_faults
+    train_gpu_faults.install("oom=2", monkeypatch.setattr)
+    e = main_here(HERE + ["--out", str(tmp_path / "out")], status=1)
+    out, err = capsys.readouterr()
+    msg = err.strip()
+    assert err.count("\n") == 1 and msg.startswith("error: process 0 ran out of memory on cpu (CUDA out of"), err
+    ledger = out.split("memory ledger (code/memory.py) for this run on a GPU (flash attention, eager autograd): ")[1]
+    assert f"the memory ledger planned {ledger.split(' MiB')[0]} MiB per GPU" in msg, (msg, ledger)
+    order = [msg.index(w) for w in ("--micro-batch", "--seq-len", "--checkpoint-activations", "--shard fsdp")]
+    assert order == sorted(order), msg
+    assert json.loads((tmp_path / "out" / "run.json").read_text(encoding="utf-8"))["exit_code"] == 1
+    assert e.value.code == 1
+
+
+@slow
+def test_processes_that_see_different_checkpoints_refuse_to_resume(tmp_path):
+    """The last of 2 processes does not see the newest checkpoint (a bucket mount still syncing): after
+    joining they compare the steps they chose, and both refuse in one sentence naming both."""
+    out = tmp_path / "out"
+    main_here(SMALL + ["--steps", "2", "--save-every", "1", "--out", str(out)])
+    r = run(SMALL + ["--steps", "3", "--resume", "--out", str(out)], nproc=2, check=False, faults="stale=1")
+    errors = [x for x in r.stderr.splitlines() if x.startswith("error: ")]
+    assert r.returncode != 0 and errors, r.stdout + r.stderr
+    assert "do not see the same checkpoints" in errors[0] and "some chose step_00000001, others step_00000002" in \
+        errors[0], errors
+    assert "resumed from" not in r.stdout
+
+
 def test_a_peer_that_never_joins_is_one_sentence_and_exit_4(tmp_path, capsys, monkeypatch):
     """Rank 0 of 2, started as srun would (the environment, no torchrun), whose peer never comes."""
     port = _free_port()
