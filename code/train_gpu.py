@@ -52,10 +52,10 @@ one before, which resumes once the damaged folder is moved away. A save that fai
 process) removes its own folder and ends the run with exit status 74, recorded in run.json, the earlier
 checkpoints kept. --resume continues from the newest complete one on any number of processes and either
 scheme, after the processes check that each chose the same step; --auto-resume does so if there is one
-(launch/ uses it). A changed --lr, --warmup, --min-lr-ratio, --weight-decay, --global-batch-tokens, --seed or --steps
-is printed; a checkpoint beyond --steps is refused. A load calls nothing outside an exact list of DCP's
-record classes and changes no object it did not make (checkpoint.py). OUT/model.pt: the final
-weights as one plain state_dict, written when a run reaches --steps.
+(launch/ uses it). A changed --lr, --warmup, --min-lr-ratio, --weight-decay, --global-batch-tokens,
+--seed or --steps is printed; a checkpoint beyond --steps is refused. A load calls nothing outside an
+exact list of DCP's record classes and changes no object it did not make (checkpoint.py). OUT/model.pt:
+the final weights as one plain state_dict, written when a run reaches --steps.
 
 Preemption: on SIGTERM or SIGUSR1 every process finishes its step; they agree at the next poll (every
 STOP_POLL_EVERY steps and every log and save step: one all-reduce, no host sync on the other steps),
@@ -75,7 +75,8 @@ out of memory (one line on stderr, with the ledger's figure and what to lower fi
 the loss or a gradient became NaN/inf (nothing saved after the last good checkpoint); 4 a process did not
 join or a collective waited past its timeout; 74 a checkpoint could not be saved (also when it was the
 stop's save: not requeued, the disk needs room first); 75 stopped by SIGTERM/SIGUSR1 after saving a
-checkpoint. Each is recorded in run.json once the run has started, except where torch aborts (above).
+checkpoint. From the start of training on, rank 0 records its status in run.json, except where torch
+aborts (above) or another process failed first (out of memory there: torchrun ends rank 0).
 Run log (code/run_log.py, rank 0): OUT/run.json (command, arguments, commit, devices, versions, times,
 exit code) and OUT/log.jsonl (one JSON line per log step).
 """
