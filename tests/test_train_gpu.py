@@ -588,6 +588,20 @@ def test_a_save_on_a_full_disk_is_one_sentence_recorded_and_keeps_the_one_before
     assert "resumed from step_00000001 at step 1" in capsys.readouterr().out
 
 
+@slow
+def test_a_full_disk_under_two_processes_ends_both_with_74(full_disk):
+    """The same full disk under torchrun: DCP raises on both processes, whichever one's write failed; both
+    exit 74, rank 0 records it and says why, and the first checkpoint (both processes' shards) is kept."""
+    out = full_disk / "out"
+    r = run(SMALL + ["--steps", "3", "--save-every", "1", "--out", str(out)], nproc=2, check=False)
+    errors = [x for x in r.stderr.splitlines() if x.startswith("error: ")]
+    assert len(errors) == 1 and "the checkpoint of step 2 could not be saved" in errors[0], r.stdout + r.stderr
+    assert r.stderr.count("exitcode  : 74") == 2, r.stderr  # torchrun's report of both workers
+    assert json.loads((out / "run.json").read_text(encoding="utf-8"))["exit_code"] == 74
+    (d,) = ckpt_dirs(out)
+    assert d.name == "step_00000001" and (d / ".metadata").is_file()
+
+
 def test_two_complete_checkpoints_are_kept_and_a_damaged_newest_names_the_one_before(tmp_path, capsys):
     out = tmp_path / "out"
     main_here(SMALL + ["--steps", "3", "--save-every", "1", "--out", str(out)])
