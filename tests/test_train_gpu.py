@@ -636,6 +636,27 @@ def test_out_of_memory_is_one_sentence_with_the_ledger_and_recorded(tmp_path, ca
     assert e.value.code == 1
 
 
+def test_processes_that_chose_different_steps_refuse_in_one_sentence(capsys, monkeypatch):
+    """agree_on_resume's one all-reduce, with the other process's choice (step 4) added by a stand-in."""
+    import torch.distributed as dist
+
+    import train_gpu
+
+    def all_reduce(x, op):
+        assert op == dist.ReduceOp.MAX
+        x.copy_(torch.maximum(x, torch.tensor([4, -4])))
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    args = train_gpu.build_parser().parse_args(HERE + ["--out", "o"])
+    cpu = torch.device("cpu")
+    train_gpu.agree_on_resume(args, (None, {"step": 4}), cpu, 2)  # the same step: nothing to say
+    for mine, words in (((None, {"step": 8}), "some chose step_00000004, others step_00000008"),
+                        ((None, {"step": 2}), "some chose step_00000002, others step_00000004"),
+                        (None, "some chose no checkpoint, others step_00000004")):  # this one would start afresh
+        with pytest.raises(SystemExit) as e:
+            train_gpu.agree_on_resume(args, mine, cpu, 2)
+        assert words in refusal(e, capsys)
+
+
 @slow
 def test_processes_that_see_different_checkpoints_refuse_to_resume(tmp_path):
     """The last of 2 processes does not see the newest checkpoint (a bucket mount still syncing): after
@@ -814,6 +835,7 @@ def test_help_documents_the_exit_codes():
     from train_gpu import build_parser
     text = " ".join(build_parser().format_help().split())
     assert "75 stopped by SIGTERM/SIGUSR1" in text and "--shard {ddp,fsdp}" in text
+    assert "74 a checkpoint could not be saved" in text
 
 
 def _bad_arguments():
