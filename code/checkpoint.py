@@ -3,8 +3,9 @@ and loaded safely on any number of processes.
 
 OUT/checkpoints/step_NNNNNNNN/ holds each process's shards (__R_0.distcp), train_state.json (step,
 model shape, scheme, the settings that shape the run) and DCP's .metadata, written last: a folder
-without it is a save that was cut. The newest KEEP (2) complete ones are kept; a save that fails
-removes its folder and raises SaveFailed on every process. A load calls nothing the files name outside an exact list and
+without it is a save that was cut. The newest KEEP (2) complete ones are kept, and newest_loadable passes
+over a newer one that fails the checks made before loading; a save that fails removes its folder and
+raises SaveFailed on every process. A load calls nothing the files name outside an exact list and
 changes no object it did not make:
 - .metadata is a pickle, read with an exact allowlist of (module, name) pairs: DCP's record classes,
   torch.Size, OrderedDict, dtypes, a layout's lookup and a path; a dotted name (pickle protocol 4's
@@ -185,9 +186,13 @@ class SafeUnpickler(pickle._Unpickler):
         op[0]: _checked(check, pickle._Unpickler.dispatch[op[0]]) for op, check in CHANGES.items()}}
 
 
-def _refuse(path: Path, message: str):
+class Damaged(Exception):
+    """A checkpoint folder that fails a check; str() is the sentence. The public readers refuse with it."""
+
+
+def _refuse(path: Path, message) -> None:
     """refuse(message) about the checkpoint folder `path`, naming the complete one before it if one is kept."""
-    path = Path(path)
+    path, message = Path(path), str(message)
     older = [d for d in complete_checkpoints(path.parent.parent) if d.name < path.name]
     if older:
         message += (f"; the checkpoint before it, {older[-1].name}, is kept: move {path.name} out of "
@@ -195,9 +200,48 @@ def _refuse(path: Path, message: str):
     refuse(message)
 
 
+def newest_loadable(found: list, config: dict, say=print) -> tuple:
+    """(folder, train_state) of the newest of the complete checkpoints `found` (oldest first) that passes
+    read_train_state's checks. A newer one that fails them (damaged after its save) is named by `say` and
+    passed over; if the oldest fails too, one sentence and exit 1."""
+    for i in range(len(found) - 1, -1, -1):
+        try:
+            return found[i], _train_state(found[i], config)
+        except Damaged as e:
+            if i == 0:
+                refuse(str(e))
+            say(f"warning: {e}; resuming from the checkpoint before it, {found[i - 1].name}")
+
+
+def remove_newer(out: Path, step: int) -> None:
+    """Remove the checkpoints after `step`, the one a run resumes from: newest_loadable passed over them as
+    damaged, and kept they would count among the KEEP newest in place of good ones."""
+    for d in complete_checkpoints(out):
+        if d.name > step_dir(out, step).name:
+            shutil.rmtree(d, ignore_errors=True)
+            print(f"removed {CKPT_DIR}/{d.name}, a damaged checkpoint after the one this run resumes from")
+
+
 def read_metadata(path: Path):
     """DCP's Metadata of the checkpoint folder `path`, checked for what a load relies on; one
     sentence and exit 1 if it cannot be read safely."""
+    try:
+        return _metadata(path)
+    except Damaged as e:
+        _refuse(path, e)
+
+
+def read_train_state(path: Path, config: dict) -> dict:
+    """train_state.json of the checkpoint folder `path`, after checking that it belongs to this model
+    and that every file its metadata names is there and long enough; one sentence and exit 1 if not."""
+    try:
+        return _train_state(path, config)
+    except Damaged as e:
+        _refuse(path, e)
+
+
+def _metadata(path: Path):
+    """read_metadata, raising Damaged."""
     from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
     try:
         # from memory: a length field in a damaged pickle reads short instead of allocating its length
@@ -213,14 +257,13 @@ def read_metadata(path: Path):
             metadata.storage_meta = StorageMeta()
     except Exception as e:  # anything a damaged pickle raises: nothing it names was called
         why = (str(e).splitlines() or [type(e).__name__])[0][:160]
-        _refuse(path, f"--resume: {Path(path).name}/.metadata cannot be read safely ({type(e).__name__}: {why}); "
-               "it is damaged or was not written by torch.distributed.checkpoint")
+        raise Damaged(f"--resume: {Path(path).name}/.metadata cannot be read safely ({type(e).__name__}: {why}); "
+                      "it is damaged or was not written by torch.distributed.checkpoint") from None
     return metadata
 
 
-def read_train_state(path: Path, config: dict) -> dict:
-    """train_state.json of the checkpoint folder `path`, after checking that it belongs to this model
-    and that every file its metadata names is there and long enough; one sentence and exit 1 if not."""
+def _train_state(path: Path, config: dict) -> dict:
+    """read_train_state, raising Damaged (a model of another shape is refused at once: not damage)."""
     path = Path(path)
     try:
         state = json.loads((path / STATE_NAME).read_text(encoding="utf-8"))
@@ -231,18 +274,18 @@ def read_train_state(path: Path, config: dict) -> dict:
     except (OSError, ValueError, RecursionError):
         ok = False
     if not ok:
-        _refuse(path, f"--resume: {path.name}/{STATE_NAME} is not a train_gpu.py training state")
+        raise Damaged(f"--resume: {path.name}/{STATE_NAME} is not a train_gpu.py training state")
     if state.get("model_config") != config:
         refuse(f"--resume: the checkpoint's model {str(state.get('model_config'))[:200]} differs from this "
                f"run's {config}")
     files = {}
-    for info in (read_metadata(path).storage_data or {}).values():
+    for info in (_metadata(path).storage_data or {}).values():
         files[info.relative_path] = max(files.get(info.relative_path, 0), info.offset + info.length)
     for name, size in sorted(files.items()):
         f = path / name
         if not f.is_file() or f.stat().st_size < size:
             what = "missing" if not f.is_file() else "truncated"
-            _refuse(path, f"--resume: shard file {path.name}/{name} is {what}; the checkpoint cannot be loaded")
+            raise Damaged(f"--resume: shard file {path.name}/{name} is {what}; the checkpoint cannot be loaded")
     return state
 
 

@@ -47,8 +47,10 @@ Evaluation (--eval-every): validation loss and bits per byte on fixed batches, s
 
 Checkpoints (code/checkpoint.py): OUT/checkpoints/step_NNNNNNNN/, every process's DCP shards; a folder
 without .metadata is a cut save, removed on the next start. The newest two complete ones are kept (the
-disk must hold three while the third is written): if the newest is damaged later, the refusal names the
-one before, which resumes once the damaged folder is moved away. A save that fails (a full disk on any
+disk must hold three while the third is written). A newest one damaged after its save (a bad .metadata or
+train_state.json, a missing or short shard) is named and passed over for the one before, and removed once
+the processes agree; one whose damage only the load finds is refused in a sentence naming the one before,
+which resumes once the damaged folder is moved away. A save that fails (a full disk on any
 process) removes its own folder and ends the run with exit status 74, recorded in run.json, the earlier
 checkpoints kept. --resume continues from the newest complete one on any number of processes and either
 scheme, after the processes check that each chose the same step; --auto-resume does so if there is one
@@ -103,7 +105,7 @@ from checkpoint import (  # noqa: E402
     EXPORT_NAME,
     complete_checkpoints,
     load_checkpoint,
-    read_train_state,
+    newest_loadable,
     step_dir,
 )
 from device import peak_flops, resolve_precision, setup_device  # noqa: E402
@@ -215,9 +217,10 @@ def main(argv=None):
     if args.resume or (args.auto_resume and found):
         if not found:
             refuse(f"--resume: there is no complete checkpoint in {out / CKPT_DIR}")
-        resume = (found[-1], read_train_state(found[-1], model_config(args)))
+        # a newer one damaged after its save is named and passed over (checkpoint.py keeps two)
+        resume = newest_loadable(found, model_config(args), print if ranks.rank == 0 else lambda *a: None)
         if resume[1]["step"] > args.steps:  # the schedule cannot run backwards
-            refuse(f"--resume: {found[-1].name} is at step {resume[1]['step']}, beyond --steps {args.steps}; "
+            refuse(f"--resume: {resume[0].name} is at step {resume[1]['step']}, beyond --steps {args.steps}; "
                    "pass a larger --steps to train on")
     elif found and not args.preflight:
         refuse(f"{found[-1]} exists; pass --resume to continue it or choose another --out")
@@ -234,6 +237,8 @@ def main(argv=None):
         with process_group("nccl" if device.type == "cuda" else "gloo", timeout_s=args.timeout_s):
             joined = True
             agree_on_resume(args, resume, device, ranks.world)
+            if resume is not None and ranks.rank == 0:
+                checkpoint.remove_newer(out, resume[1]["step"])
             code = run(args, device, ranks.rank, ranks.world, accum, precision, data, resume)
     except checkpoint.SaveFailed as e:  # every process raises it; the complete checkpoints are kept
         stop_with(ranks, EXIT_SAVE_FAILED, str(e))

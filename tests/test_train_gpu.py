@@ -602,21 +602,34 @@ def test_a_full_disk_under_two_processes_ends_both_with_74(full_disk):
     assert d.name == "step_00000001" and (d / ".metadata").is_file()
 
 
-def test_two_complete_checkpoints_are_kept_and_a_damaged_newest_names_the_one_before(tmp_path, capsys):
+def test_two_complete_checkpoints_are_kept_and_a_damaged_newest_falls_back_or_names_the_one_before(tmp_path, capsys):
+    """A newest checkpoint damaged after its save: a truncated shard (found before the load) is named and
+    the run resumes from the one before; a shard of the right size with bad bytes (found by the load
+    itself, all processes together) is refused, naming the one before, which resumes once it is moved."""
     out = tmp_path / "out"
     main_here(SMALL + ["--steps", "3", "--save-every", "1", "--out", str(out)])
     assert [d.name for d in ckpt_dirs(out)] == ["step_00000002", "step_00000003"]
     newest = ckpt_dirs(out)[-1]
     shard = newest / "__0_0.distcp"
-    shard.write_bytes(shard.read_bytes()[:shard.stat().st_size // 2])  # damaged after its save completed
+    good = shard.read_bytes()
+    shard.write_bytes(good[:len(good) // 2])
     capsys.readouterr()
+    cut = tmp_path / "cut"
+    shutil.copytree(out, cut)
+    main_here(SMALL + ["--steps", "4", "--save-every", "0", "--resume", "--out", str(cut)])
+    printed = capsys.readouterr().out
+    assert "warning: --resume: shard file step_00000003/__0_0.distcp is truncated; the checkpoint cannot be " \
+        "loaded; resuming from the checkpoint before it, step_00000002" in printed, printed
+    assert "resumed from step_00000002 at step 2" in printed
+    assert "removed checkpoints/step_00000003, a damaged checkpoint after the one this run resumes" in printed
+    assert [d.name for d in ckpt_dirs(cut)] == ["step_00000002", "step_00000004"]  # not the damaged one
+    shard.write_bytes(bytes(64) + good[64:])
     e = main_here(SMALL + ["--steps", "4", "--resume", "--out", str(out)], status=1)
     msg = refusal(e, capsys)
-    assert "__0_0.distcp is truncated" in msg and "the checkpoint before it, step_00000002, is kept" in msg, msg
+    assert "a shard is damaged" in msg and "the checkpoint before it, step_00000002, is kept" in msg, msg
     shutil.move(newest, tmp_path / "damaged")
     main_here(SMALL + ["--steps", "4", "--save-every", "0", "--resume", "--out", str(out)])
     assert "resumed from step_00000002 at step 2" in capsys.readouterr().out
-    assert [d.name for d in ckpt_dirs(out)] == ["step_00000002", "step_00000004"]
 
 
 def test_out_of_memory_is_one_sentence_with_the_ledger_and_recorded(tmp_path, capsys, monkeypatch):
