@@ -61,9 +61,13 @@ def keep_log_lines(path: Path, last_step: int) -> None:
 
 
 class RunLog:
-    """Rank 0's record of the run: the console, OUT/run.json and OUT/log.jsonl; silent on other ranks."""
+    """Rank 0's record of the run: the console, OUT/run.json and OUT/log.jsonl; silent on other ranks.
+    RunLog.current is this process's log of the run in progress until it ends: train_gpu.main records
+    the status of a run that stops by an exception (a failed save, out of memory) with end_current."""
+    current = None
 
     def __init__(self, args, device, rank: int, world: int, precision: str, start: int):
+        RunLog.current = self
         self.out, self.master, self.record = Path(args.out), rank == 0, None
         if self.master:
             self.record = run_record(args, device, world, precision)
@@ -87,6 +91,14 @@ class RunLog:
             append_jsonl(self.out / LOG_NAME, {**entry, "time": now()})
 
     def end(self, exit_code: int) -> None:
+        if RunLog.current is self:
+            RunLog.current = None
         if self.master:
             self.record.update(end=now(), exit_code=exit_code)
             write_json(self.out / RECORD_NAME, self.record)
+
+
+def end_current(exit_code: int) -> None:
+    """Record `exit_code` as the end of the run in progress in this process, if one has started and not ended."""
+    if RunLog.current is not None:
+        RunLog.current.end(exit_code)

@@ -52,11 +52,18 @@ the memory ledger's prediction (code/memory.py) and, after the first step, what 
 Evaluation (--eval-every): validation loss and bits per byte on fixed batches, split across processes.
 
 Checkpoints (code/checkpoint.py): OUT/checkpoints/step_NNNNNNNN/, every process's DCP shards; a folder
-without .metadata is a cut save, removed on the next start. --resume continues from the newest complete
-one on any number of processes and either scheme; --auto-resume does so if there is one (launch/ uses
-it). A changed --lr, --warmup, --min-lr-ratio, --weight-decay, --global-batch-tokens, --seed or --steps
-is printed; a checkpoint beyond --steps is refused. A load never unpickles code. OUT/model.pt: the final
-weights as one plain state_dict, written when a run reaches --steps.
+without .metadata is a cut save, removed on the next start. The newest two complete ones are kept (the
+disk must hold three while the third is written). A newest one damaged after its save (a bad .metadata or
+train_state.json, a missing or short shard) is named and passed over for the one before, and removed once
+the processes agree; one whose damage only the load finds is refused in a sentence naming the one before,
+which resumes once the damaged folder is moved away. A save that fails (a full disk on any
+process) removes its own folder and ends the run with exit status 74, recorded in run.json, the earlier
+checkpoints kept. --resume continues from the newest complete one on any number of processes and either
+scheme, after the processes check that each chose the same step; --auto-resume does so if there is one
+(launch/ uses it). A changed --lr, --warmup, --min-lr-ratio, --weight-decay, --global-batch-tokens,
+--seed or --steps is printed; a checkpoint beyond --steps is refused. A load calls nothing outside an
+exact list of DCP's record classes and changes no object it did not make (checkpoint.py). OUT/model.pt:
+the final weights as one plain state_dict, written when a run reaches --steps.
 
 Preemption: on SIGTERM or SIGUSR1 every process finishes its step; they agree at the next poll (every
 STOP_POLL_EVERY steps and every log and save step: one all-reduce, no host sync on the other steps),
@@ -71,10 +78,14 @@ collective. Where torch aborts without a Python exception (a CUDA error, the wat
 timeout, another value of the variable), the process dies by SIGABRT with torch's own lines, torchrun
 reports the rank failed, and run.json keeps "exit_code": null.
 
-Exit status: 0 done; 1 a bad file, setting or checkpoint (one line on stderr); 2 a bad argument; 3 the
-loss or a gradient became NaN/inf (nothing saved after the last good checkpoint); 4 a process did not
-join or a collective waited past its timeout; 75 stopped by SIGTERM/SIGUSR1 after saving a checkpoint;
-78 --preflight found the box unlike the plan (a line marked WARN; 0 when every check is ok).
+Exit status: 0 done; 1 a bad file, setting or checkpoint, processes that see different checkpoints, or
+out of memory (one line on stderr, with the ledger's figure and what to lower first); 2 a bad argument; 3
+the loss or a gradient became NaN/inf (nothing saved after the last good checkpoint); 4 a process did not
+join or a collective waited past its timeout; 74 a checkpoint could not be saved (also when it was the
+stop's save: not requeued, the disk needs room first); 75 stopped by SIGTERM/SIGUSR1 after saving a
+checkpoint; 78 --preflight found the box unlike the plan (a line marked WARN; 0 when every check is ok).
+From the start of training on, rank 0 records its status in run.json, except where torch aborts (above)
+or another process failed first (out of memory there: torchrun ends rank 0).
 Run log (code/run_log.py, rank 0): OUT/run.json (command, arguments, commit, devices, versions, times,
 exit code) and OUT/log.jsonl (one JSON line per log step).
 """
@@ -94,12 +105,20 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checkpoint  # noqa: E402
 import preflight  # noqa: E402
-from arguments import fraction, non_negative, non_negative_int, positive, positive_int, refuse  # noqa: E402
-from checkpoint import CKPT_DIR, EXPORT_NAME, complete_checkpoints, load_checkpoint, read_train_state, step_dir  # noqa: E402,E501
+from arguments import REFUSED, fail, fraction, non_negative, non_negative_int, positive, positive_int, refuse  # noqa: E402,E501
+from checkpoint import (  # noqa: E402
+    CKPT_DIR,
+    EXIT_SAVE_FAILED,
+    EXPORT_NAME,
+    complete_checkpoints,
+    load_checkpoint,
+    newest_loadable,
+    step_dir,
+)
 from device import peak_flops, resolve_precision, setup_device  # noqa: E402
 from memory import Run, Shape, run_peak_bytes, run_sent_bytes, run_state_bytes  # noqa: E402
 from model import GPT, GPTConfig, init_per_parameter  # noqa: E402
-from run_log import LOG_NAME, RECORD_NAME, RunLog  # noqa: E402
+from run_log import LOG_NAME, RECORD_NAME, RunLog, end_current  # noqa: E402
 from script_support import (  # noqa: E402
     Parser,
     ScaledLoss,
@@ -110,7 +129,7 @@ from script_support import (  # noqa: E402
     process_group,
     set_lr,
 )
-from shapes import flops_per_token  # noqa: E402
+from shapes import flops_per_token, param_count  # noqa: E402
 from token_source import Evaluator, Sampler, TokenSource, sample_text  # noqa: E402
 from train import configure_optimizer, lr_at  # noqa: E402
 
@@ -126,9 +145,10 @@ RESUME_SETTINGS = ("lr", "warmup", "min_lr_ratio", "weight_decay", "global_batch
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="train_gpu.py", description="Train the book's GPT on 1..N GPUs (or a CPU, as a smoke test), "
-               "replicated (DDP) or sharded (FSDP2). Exit status: 0 done, 1 bad file or setting, 2 bad argument, "
-               f"3 NaN/inf, 4 a process timed out, {EXIT_PREEMPTED} stopped by SIGTERM/SIGUSR1 after saving "
-               "a checkpoint (resume with --resume).")
+               "replicated (DDP) or sharded (FSDP2). Exit status: 0 done, 1 bad file or setting (or out of memory), "
+               f"2 bad argument, 3 NaN/inf, 4 a process timed out, {EXIT_SAVE_FAILED} a checkpoint could not be "
+               f"saved (the earlier ones kept), {EXIT_PREEMPTED} stopped by SIGTERM/SIGUSR1 after saving a "
+               f"checkpoint (resume with --resume), {preflight.EXIT_WARNED} --preflight found the box unlike the plan.")
     a = p.add_argument
     a("--d-model", type=positive_int, default=512)
     a("--n-layer", type=positive_int, default=8)
@@ -209,9 +229,10 @@ def main(argv=None):
     if args.resume or (args.auto_resume and found):
         if not found:
             refuse(f"--resume: there is no complete checkpoint in {out / CKPT_DIR}")
-        resume = (found[-1], read_train_state(found[-1], model_config(args)))
+        # a newer one damaged after its save is named and passed over (checkpoint.py keeps two)
+        resume = newest_loadable(found, model_config(args), print if ranks.rank == 0 else lambda *a: None)
         if resume[1]["step"] > args.steps:  # the schedule cannot run backwards
-            refuse(f"--resume: {found[-1].name} is at step {resume[1]['step']}, beyond --steps {args.steps}; "
+            refuse(f"--resume: {resume[0].name} is at step {resume[1]['step']}, beyond --steps {args.steps}; "
                    "pass a larger --steps to train on")
     elif found and not args.preflight:
         refuse(f"{found[-1]} exists; pass --resume to continue it or choose another --out")
@@ -223,23 +244,71 @@ def main(argv=None):
     if device.type == "cuda":  # errors of a hung NCCL collective reach Python (see the docstring)
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     joined = False
+    RunLog.current = None  # the log of an earlier main() in this process (the tests) is not this run's
     try:
         with process_group("nccl" if device.type == "cuda" else "gloo", timeout_s=args.timeout_s):
             joined = True
+            agree_on_resume(args, resume, device, ranks.world)
+            if resume is not None and ranks.rank == 0:
+                checkpoint.remove_newer(out, resume[1]["step"])
             code = run(args, device, ranks.rank, ranks.world, accum, precision, data, resume)
+    except checkpoint.SaveFailed as e:  # every process raises it; the complete checkpoints are kept
+        stop_with(ranks, EXIT_SAVE_FAILED, str(e))
+    except torch.OutOfMemoryError as e:  # before RuntimeError, which it is
+        ledger = ledger_mib(planned_run(args, ranks.world, accum, precision),
+                            param_count(args.d_model, args.n_layer, args.vocab_size))
+        stop_with(ranks, REFUSED, f"process {ranks.rank} ran out of memory on {device} ({first_line(e)}); the "
+                  f"memory ledger planned {ledger:,.0f} MiB per GPU for this run. Lower --micro-batch first "
+                  "(--global-batch-tokens stays: accumulation grows), then --seq-len, then add "
+                  "--checkpoint-activations, then use more GPUs or --shard fsdp; python code/budget.py prints "
+                  "what fits", every_rank=True)
     except (dist.DistError, RuntimeError) as e:  # a peer never came, died or hung: say so, not C++
         if not isinstance(e, dist.DistError) and not any(w in str(e) for w in COLLECTIVE_WORDS):
             raise
-        why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}"
-        print(f"error: process {ranks.rank}: " + (
-            f"a collective failed ({why}); another process died or waited longer than --timeout-s "
-            f"{args.timeout_s:g} (after the first step --step-timeout-s {step_timeout(args):g})" if joined else
-            f"the other processes did not all join within --timeout-s {args.timeout_s:g} ({why}); start every "
-            "process of the launch (torchrun on each node) within that time"), file=sys.stderr)
+        why = f"{type(e).__name__}: {first_line(e)}"
         if not joined:
-            sys.exit(EXIT_TIMEOUT)
-        os._exit(EXIT_TIMEOUT)  # leaving the group could hang on the dead peer
+            fail(f"process {ranks.rank}: the other processes did not all join within --timeout-s "
+                 f"{args.timeout_s:g} ({why}); start every process of the launch (torchrun on each node) within "
+                 "that time", EXIT_TIMEOUT)
+        stop_with(ranks, EXIT_TIMEOUT, f"process {ranks.rank}: a collective failed ({why}); another process died "
+                  f"or waited longer than --timeout-s {args.timeout_s:g} (after the first step --step-timeout-s "
+                  f"{step_timeout(args):g})", every_rank=True)
     sys.exit(code)
+
+
+def first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+
+
+def stop_with(ranks, code: int, message: str, every_rank=False):
+    """End a run that an exception stopped: `error: message` on stderr (rank 0's, or every rank's), the
+    status recorded in run.json (rank 0, once its log exists), and exit. Over several processes without
+    leaving the group, which could hang on a dead peer (the launcher ends the others)."""
+    end_current(code)
+    if every_rank or ranks.rank == 0:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+    if ranks.world == 1:
+        sys.exit(code)
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def agree_on_resume(args, resume, device, world: int) -> None:
+    """Every process listed --out on its own before joining (a bucket mount that is still syncing can
+    show each a different newest checkpoint): one all-reduce of the chosen step's maximum and minus its
+    minimum; refuse (exit 1) unless they are the same."""
+    if world == 1:
+        return
+    step = -1 if resume is None else resume[1]["step"]
+    x = torch.tensor([step, -step], device=device)
+    dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    high, low = int(x[0]), -int(x[1])
+    if high != low:
+        def name(s):
+            return "no checkpoint" if s < 0 else step_dir(Path(), s).name
+        refuse(f"--resume: the processes do not see the same checkpoints in {Path(args.out) / CKPT_DIR}: some chose "
+               f"{name(low)}, others {name(high)}; --out must be the same folder on every node, complete (wait "
+               "for a copy or a bucket mount to finish) before the run resumes")
 
 
 def run(args, device, rank: int, world: int, accum: int, precision: str, data: "TokenSource", resume) -> int:

@@ -22,6 +22,7 @@ import psutil
 import pytest
 import torch
 
+from checkpoint import SAFE_GLOBALS
 from data import REPO
 
 SCRIPT = str(REPO / "code" / "train_gpu.py")
@@ -103,7 +104,7 @@ def test_smoke_run_logs_and_learns(runs):
     assert max(x["grad_norm"] for x in log) > 0.5  # the clip at 0.5 acts: clipping is in the comparison
     rec = json.loads((out / "run.json").read_text(encoding="utf-8"))
     assert rec["exit_code"] == 0 and rec["processes"] == 1 and rec["start"] <= rec["end"]
-    assert [d.name for d in ckpt_dirs(out)] == [f"step_{STEPS:08d}"]  # only the newest is kept
+    assert [d.name for d in ckpt_dirs(out)] == [f"step_{STEPS:08d}"]  # --save-every 0: the final save only
 
 
 @slow
@@ -309,7 +310,7 @@ def main_here(args, status=0):
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
-    assert e.value.code == status
+    assert status is None or e.value.code == status
     return e
 
 
@@ -352,6 +353,89 @@ def test_a_checkpoint_that_would_run_code_is_refused(tiny, tmp_path, capsys, mod
     msg = refusal(e, capsys)
     assert "cannot be read safely" in msg and f"{module}.{name} is not allowed" in msg, msg
     assert not (tmp_path / "pwned").exists()
+
+
+def _text(x: str) -> bytes:
+    b = x.encode()
+    return b"\x8c" + bytes([len(b)]) + b
+
+
+def _global(module: str, name: str) -> bytes:
+    return _text(module) + _text(name) + b"\x93"  # STACK_GLOBAL
+
+
+def _poison(target: bytes, attr: str, value: bytes, slot=True) -> bytes:
+    """GLOBAL target; BUILD (None, {attr: value}) (or ({attr: value},) into its __dict__); POP: what sets
+    an attribute of an allowlisted class or function when pickle's BUILD is not restricted."""
+    state = b"}" + _text(attr) + value + b"s"  # EMPTY_DICT key value SETITEM
+    return target + ((b"N" + state + b"\x86") if slot else state) + b"b0"  # TUPLE2 BUILD POP
+
+
+def _allowed_objects():
+    """Every object a .metadata may name (the allowlist, the enum's members) or that torch's layout
+    lookup caches: what a load must leave as it was."""
+    import enum
+    import importlib
+
+    from checkpoint import SAFE_GLOBALS
+    objs = [getattr(importlib.import_module(m), n) for m, n in sorted(SAFE_GLOBALS)]
+    return objs + [m for o in objs if isinstance(o, type) and issubclass(o, enum.Enum) for m in o]
+
+
+def _snapshot():
+    """{id: (object, its __dict__ copied, _get_layout's cache copied)} of _allowed_objects()."""
+    return {id(o): (o, dict(vars(o)), dict(getattr(o, "cache", None) or {})) for o in _allowed_objects()
+            if hasattr(o, "__dict__")}
+
+
+def _changed(before) -> list:
+    """The objects of `before` whose attributes are not the same objects as then; restores them."""
+    changed = []
+    for o, attrs, cache in before.values():
+        now = dict(vars(o))
+        if now.keys() != attrs.keys() or any(now[k] is not attrs[k] for k in attrs) or (
+                cache and o.cache != cache):
+            changed.append(getattr(o, "__qualname__", repr(o)))
+            for k in now.keys() - attrs.keys():
+                delattr(o, k)
+            for k, v in attrs.items():
+                if now.get(k) is not v:
+                    setattr(o, k, v)
+            if cache:
+                o.cache.clear()
+                o.cache.update(cache)
+    return changed
+
+
+BUILD_PAYLOADS = {  # the review's (code-review.md §7): each changes how the loading process handles paths
+    "PosixPath.__ne__ = PosixPath (the next save deletes the checkpoint it wrote)":
+        _poison(_global("pathlib", "PosixPath"), "__ne__", _global("pathlib", "PosixPath")),
+    "PosixPath.is_dir = torch.Size (no checkpoint is found)":
+        _poison(_global("pathlib", "PosixPath"), "is_dir", _global("torch", "Size")),
+    "PosixPath.__fspath__ = _get_layout and its cache (paths redirected)":
+        _poison(_global("torch.serialization", "_get_layout"), "cache",
+                b"}" + _global("pathlib", "PosixPath") + _text("/ckpt/train-gpu") + b"\x85R" + _text("/elsewhere")
+                + b"s", slot=False)
+        + _poison(_global("pathlib", "PosixPath"), "__fspath__", _global("torch.serialization", "_get_layout")),
+}
+
+
+@pytest.mark.parametrize("payload", list(BUILD_PAYLOADS))
+def test_a_checkpoint_that_would_change_the_loader_is_refused(tiny, tmp_path, capsys, payload):
+    """PROTO + the poison + the real .metadata's bytes, which pickle reads as one stream: the
+    checkpoint would load whole, and with it the process's PosixPath or _get_layout changed."""
+    out, d = _copy_checkpoint(tiny, tmp_path)
+    good = (d / ".metadata").read_bytes()
+    (d / ".metadata").write_bytes(b"\x80\x04" + BUILD_PAYLOADS[payload] + good)
+    capsys.readouterr()
+    before = _snapshot()
+    try:
+        e = main_here(HERE + ["--steps", "3", "--resume", "--out", str(out)], status=None)
+    finally:
+        changed = _changed(before)
+    assert changed == [], changed
+    msg = refusal(e, capsys)
+    assert "cannot be read safely" in msg and "BUILD on a " in msg and "is not allowed" in msg, msg
 
 
 def _damage(case, d, tmp_path):
@@ -459,6 +543,147 @@ def test_fp16_with_a_real_overflow_stopped_and_resumed_equals_the_uninterrupted_
     assert 0 < log("whole")[-1]["skipped_steps"] < 6, log("whole")  # some overflowed, later ones stepped
 
 
+# a checkpoint of about 1.6 MB (the 8192 × 16 embedding with AdamW's two moments): one fits in 2,600 KiB, two do not
+SMALL = ["--device", "cpu", "--d-model", "16", "--n-layer", "1", "--n-head", "2", "--seq-len", "32", "--micro-batch",
+         "8", "--global-batch-tokens", "512", "--log-every", "1", "--sample-tokens", "0", "--timeout-s", "60"]
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A real file system of 2,600 KiB (tmpfs; mounting needs root)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2600k", "tmpfs", str(disk)], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+@pytest.mark.parametrize("when", ["scheduled", "stop"])
+def test_a_save_on_a_full_disk_is_one_sentence_recorded_and_keeps_the_one_before(full_disk, tmp_path, capsys,
+                                                                                  monkeypatch, when):
+    """The second checkpoint does not fit: DCP raises CheckpointException (a BaseException). The run ends
+    with one sentence and exit 74, recorded in run.json, the half-written folder removed and the first
+    checkpoint whole (it resumes); the same when the save is the one a stop request makes (at step 2):
+    74 is recorded, not 75, so that a requeue does not meet the same full disk."""
+    import train_gpu_faults
+    out = full_disk / "out"
+    if when == "stop":
+        train_gpu_faults.install("stop=2", monkeypatch.setattr)
+    e = main_here(SMALL + ["--steps", "3", "--save-every", "1", "--out", str(out)], status=None)
+    msg = refusal(e, capsys, status=74)
+    assert "the checkpoint of step 2 could not be saved" in msg and "step_00000001 are kept" in msg, msg
+    free = float(msg.split(" MiB were free there on process 0")[0].rsplit("; ", 1)[1])
+    one = sum(f.stat().st_size for f in ckpt_dirs(out)[0].iterdir()) / 2**20
+    assert free < one and msg.endswith("(exit status 74)"), (free, one, msg)  # the disk could not hold a second
+    assert json.loads((out / "run.json").read_text(encoding="utf-8"))["exit_code"] == 74
+    assert [d.name for d in ckpt_dirs(out)] == ["step_00000001"]  # the cut one is gone: it does not count
+    roomy = tmp_path / "roomy"
+    shutil.copytree(out, roomy)
+    monkeypatch.undo()
+    main_here(SMALL + ["--steps", "2", "--save-every", "0", "--resume", "--out", str(roomy)])
+    assert "resumed from step_00000001 at step 1" in capsys.readouterr().out
+
+
+@slow
+def test_a_full_disk_under_two_processes_ends_both_with_74(full_disk):
+    """The same full disk under torchrun: DCP raises on both processes, whichever one's write failed; both
+    exit 74, rank 0 records it and says why, and the first checkpoint (both processes' shards) is kept."""
+    out = full_disk / "out"
+    r = run(SMALL + ["--steps", "3", "--save-every", "1", "--out", str(out)], nproc=2, check=False)
+    errors = [x for x in r.stderr.splitlines() if x.startswith("error: ")]
+    assert len(errors) == 1 and "the checkpoint of step 2 could not be saved" in errors[0], r.stdout + r.stderr
+    assert r.stderr.count("exitcode  : 74") == 2, r.stderr  # torchrun's report of both workers
+    assert json.loads((out / "run.json").read_text(encoding="utf-8"))["exit_code"] == 74
+    (d,) = ckpt_dirs(out)
+    assert d.name == "step_00000001" and (d / ".metadata").is_file()
+
+
+def test_two_complete_checkpoints_are_kept_and_a_damaged_newest_falls_back_or_names_the_one_before(tmp_path, capsys):
+    """A newest checkpoint damaged after its save: a truncated shard (found before the load) is named and
+    the run resumes from the one before; a shard of the right size with bad bytes (found by the load
+    itself, all processes together) is refused, naming the one before, which resumes once it is moved."""
+    out = tmp_path / "out"
+    main_here(SMALL + ["--steps", "3", "--save-every", "1", "--out", str(out)])
+    assert [d.name for d in ckpt_dirs(out)] == ["step_00000002", "step_00000003"]
+    newest = ckpt_dirs(out)[-1]
+    shard = newest / "__0_0.distcp"
+    good = shard.read_bytes()
+    shard.write_bytes(good[:len(good) // 2])
+    capsys.readouterr()
+    cut = tmp_path / "cut"
+    shutil.copytree(out, cut)
+    main_here(SMALL + ["--steps", "4", "--save-every", "0", "--resume", "--out", str(cut)])
+    printed = capsys.readouterr().out
+    assert "warning: --resume: shard file step_00000003/__0_0.distcp is truncated; the checkpoint cannot be " \
+        "loaded; resuming from the checkpoint before it, step_00000002" in printed, printed
+    assert "resumed from step_00000002 at step 2" in printed
+    assert "removed checkpoints/step_00000003, a damaged checkpoint after the one this run resumes" in printed
+    assert [d.name for d in ckpt_dirs(cut)] == ["step_00000002", "step_00000004"]  # not the damaged one
+    shard.write_bytes(bytes(64) + good[64:])
+    e = main_here(SMALL + ["--steps", "4", "--resume", "--out", str(out)], status=1)
+    msg = refusal(e, capsys)
+    assert "a shard is damaged" in msg and "the checkpoint before it, step_00000002, is kept" in msg, msg
+    shutil.move(newest, tmp_path / "damaged")
+    main_here(SMALL + ["--steps", "4", "--save-every", "0", "--resume", "--out", str(out)])
+    assert "resumed from step_00000002 at step 2" in capsys.readouterr().out
+
+
+def test_out_of_memory_is_one_sentence_with_the_ledger_and_recorded(tmp_path, capsys, monkeypatch):
+    """torch.OutOfMemoryError in the second step: the figure the run printed from the ledger, and what to
+    lower in the book's order."""
+    import train_gpu_faults
+    train_gpu_faults.install("oom=2", monkeypatch.setattr)
+    e = main_here(HERE + ["--out", str(tmp_path / "out")], status=1)
+    out, err = capsys.readouterr()
+    msg = err.strip()
+    assert err.count("\n") == 1 and msg.startswith("error: process 0 ran out of memory on cpu (CUDA out of"), err
+    ledger = out.split("memory ledger (code/memory.py) for this run on a GPU (flash attention, eager autograd): ")[1]
+    assert f"the memory ledger planned {ledger.split(' MiB')[0]} MiB per GPU" in msg, (msg, ledger)
+    order = [msg.index(w) for w in ("--micro-batch", "--seq-len", "--checkpoint-activations", "--shard fsdp")]
+    assert order == sorted(order), msg
+    assert json.loads((tmp_path / "out" / "run.json").read_text(encoding="utf-8"))["exit_code"] == 1
+    assert e.value.code == 1
+
+
+def test_processes_that_chose_different_steps_refuse_in_one_sentence(capsys, monkeypatch):
+    """agree_on_resume's one all-reduce, with the other process's choice (step 4) added by a stand-in."""
+    import torch.distributed as dist
+
+    import train_gpu
+
+    def all_reduce(x, op):
+        assert op == dist.ReduceOp.MAX
+        x.copy_(torch.maximum(x, torch.tensor([4, -4])))
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    args = train_gpu.build_parser().parse_args(HERE + ["--out", "o"])
+    cpu = torch.device("cpu")
+    train_gpu.agree_on_resume(args, (None, {"step": 4}), cpu, 2)  # the same step: nothing to say
+    for mine, words in (((None, {"step": 8}), "some chose step_00000004, others step_00000008"),
+                        ((None, {"step": 2}), "some chose step_00000002, others step_00000004"),
+                        (None, "some chose no checkpoint, others step_00000004")):  # this one would start afresh
+        with pytest.raises(SystemExit) as e:
+            train_gpu.agree_on_resume(args, mine, cpu, 2)
+        assert words in refusal(e, capsys)
+
+
+@slow
+def test_processes_that_see_different_checkpoints_refuse_to_resume(tmp_path):
+    """The last of 2 processes does not see the newest checkpoint (a bucket mount still syncing): after
+    joining they compare the steps they chose, and both refuse in one sentence naming both."""
+    out = tmp_path / "out"
+    main_here(SMALL + ["--steps", "2", "--save-every", "1", "--out", str(out)])
+    r = run(SMALL + ["--steps", "3", "--resume", "--out", str(out)], nproc=2, check=False, faults="stale=1")
+    errors = [x for x in r.stderr.splitlines() if x.startswith("error: ")]
+    assert r.returncode != 0 and errors, r.stdout + r.stderr
+    assert "do not see the same checkpoints" in errors[0] and "some chose step_00000001, others step_00000002" in \
+        errors[0], errors
+    assert "resumed from" not in r.stdout
+
+
 def test_a_peer_that_never_joins_is_one_sentence_and_exit_4(tmp_path, capsys, monkeypatch):
     """Rank 0 of 2, started as srun would (the environment, no torchrun), whose peer never comes."""
     port = _free_port()
@@ -499,7 +724,7 @@ def test_preflight_on_two_processes_measures_the_all_reduce(tmp_path):
 
 def _fuzzed(rng, good: bytes, sentinel_module: str) -> bytes:
     """Random bytes, a mutated or cut copy of a real .metadata, or one whose globals name a sentinel."""
-    kind = rng.integers(6)
+    kind = rng.integers(7)
     if kind == 0:
         return rng.bytes(int(rng.integers(0, 4096)))
     if kind == 1:
@@ -511,14 +736,21 @@ def _fuzzed(rng, good: bytes, sentinel_module: str) -> bytes:
         return bytes(data)
     if kind == 4:  # a real call of a sentinel that an allowed module is made to hold
         return _pickle_calling(sentinel_module, "sentinel", "x")
+    if kind == 5:  # BUILD on an allowed class, function or enum member, before the real bytes
+        module, name = sorted(SAFE_GLOBALS)[int(rng.integers(len(SAFE_GLOBALS)))]
+        target = _global(module, name) + (b"K\x00\x85R" if name == "_MEM_FORMAT_ENCODING" else b"")  # a member
+        attr = str(rng.choice(["__ne__", "__eq__", "is_dir", "exists", "__fspath__", "cache", "__call__", "x"]))
+        value = _global(*sorted(SAFE_GLOBALS)[int(rng.integers(len(SAFE_GLOBALS)))])
+        return b"\x80\x04" + _poison(target, attr, value, slot=bool(rng.integers(2))) + good
     name = rng.choice(["os.system", "sentinel.__call__", "sys.modules.os.system", "dataclasses.sys.exit"])
     return _pickle_calling(rng.choice([sentinel_module, "torch", "collections", "pathlib"]), str(name), "x")
 
 
 def test_fuzzed_metadata_and_train_state_are_refused_in_one_sentence(tiny, tmp_path, capsys, monkeypatch):
     """Thousands of random and mutated .metadata and train_state.json files against the loader's
-    checks: each is accepted as a whole or refused with one sentence and exit 1, and nothing a pickle
-    names is ever called (a sentinel put into an allowed module and the dotted names record it)."""
+    checks: each is accepted as a whole or refused with one sentence and exit 1, nothing a pickle
+    names is ever called (a sentinel put into an allowed module and the dotted names record it), and no
+    attribute of an allowlisted class, function or enum member is changed (checked after every load)."""
     import torch.distributed.checkpoint.filesystem as filesystem
 
     from checkpoint import read_metadata, read_train_state
@@ -531,6 +763,8 @@ def test_fuzzed_metadata_and_train_state_are_refused_in_one_sentence(tiny, tmp_p
     good_meta, good_state = (d / ".metadata").read_bytes(), (d / "train_state.json").read_bytes()
     rng = np.random.default_rng(0)
     refused = accepted = 0
+    read_metadata(d)  # torch's layout lookup fills its cache on its first call: that is not a change
+    before = _snapshot()
     for i in range(3000):
         if i % 3:
             (d / ".metadata").write_bytes(_fuzzed(rng, good_meta, filesystem.__name__))
@@ -549,6 +783,8 @@ def test_fuzzed_metadata_and_train_state_are_refused_in_one_sentence(tiny, tmp_p
             err = capsys.readouterr().err
             assert e.code == 1 and err.count("\n") == 1 and err.startswith("error: --resume: "), err
             refused += 1
+        changed = _changed(before)
+        assert changed == [], (i, changed)
     assert calls == [] and refused > 2500, (calls, refused, accepted)
     print(f"fuzzing: {refused} refused in one sentence, {accepted} read as a whole, 0 calls")
 
@@ -612,6 +848,7 @@ def test_help_documents_the_exit_codes():
     from train_gpu import build_parser
     text = " ".join(build_parser().format_help().split())
     assert "75 stopped by SIGTERM/SIGUSR1" in text and "--shard {ddp,fsdp,hsdp}" in text
+    assert "74 a checkpoint could not be saved" in text
 
 
 def _bad_arguments():
