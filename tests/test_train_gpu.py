@@ -832,3 +832,63 @@ def test_two_nodes_with_c10d_rendezvous_match_one_node(runs, tmp_path):
     assert [p.returncode for p in nodes] == [0, 0], outs
     ref, two_nodes = weights(runs[2, "ddp"][0]), weights(tmp_path)
     assert all(torch.equal(ref[k], two_nodes[k]) for k in ref)
+
+
+def copy_list() -> list:
+    """The files the docstring of train_gpu.py says to copy to the box, besides itself."""
+    import re
+
+    import train_gpu
+    text = " ".join(train_gpu.__doc__.split("Copy to the box:")[1].split(")")[0].split())
+    return re.findall(r"(\w+\.py)", text.split("what it imports:")[1])
+
+
+def test_the_copy_list_is_what_the_script_imports():
+    """The docstring's list is train_gpu.py's own imports, followed to the end (lazy imports included)."""
+    import ast
+    code = REPO / "code"
+    seen, todo = set(), ["train_gpu"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for node in ast.walk(ast.parse((code / f"{name}.py").read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if (
+                isinstance(node, ast.ImportFrom) and node.module) else []
+            todo += [n for n in names if (code / f"{n}.py").is_file()]
+    assert sorted(copy_list()) == sorted(f"{m}.py" for m in seen - {"train_gpu"})
+
+
+def test_requirements_train_pins_what_requirements_pins():
+    def pins(name):
+        lines = (REPO / name).read_text(encoding="utf-8").splitlines()
+        return dict(line.split("==") for line in lines if line.strip() and not line.startswith("#"))
+    train, book = pins("requirements-train.txt"), pins("requirements.txt")
+    assert set(train) == {"torch", "numpy", "sentencepiece"}
+    assert all(book[k] == v for k, v in train.items()), (train, {k: book.get(k) for k in train})
+
+
+@slow  # trains the book's tokenizer in an empty folder, then 20 steps
+def test_the_copied_files_alone_run_the_docstrings_cpu_smoke_command(tmp_path):
+    import shlex
+
+    import train_gpu
+    box = tmp_path / "box"
+    (box / "code").mkdir(parents=True)
+    (box / "data").mkdir()
+    for name in ["train_gpu.py"] + copy_list():
+        shutil.copy(REPO / "code" / name, box / "code" / name)
+    shutil.copy(REPO / "data" / "songci.txt", box / "data" / "songci.txt")
+    shutil.copy(REPO / "requirements-train.txt", box / "requirements-train.txt")
+    doc = train_gpu.__doc__.replace("\\\n", " ")
+    line = next(x for x in doc.splitlines() if "--device cpu" in x).split("#")[0]
+    argv = shlex.split(line)
+    assert argv[:2] == ["python", "code/train_gpu.py"]
+    out = argv.index("--out") + 1
+    argv[out] = str(tmp_path / "smoke")
+    p = subprocess.run([sys.executable, *argv[1:]], cwd=box, env={**ENV, "PYTHONPATH": ""}, capture_output=True,
+                       text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "done: 20 steps" in p.stdout
+    assert json.loads((tmp_path / "smoke" / "run.json").read_text(encoding="utf-8"))["exit_code"] == 0
