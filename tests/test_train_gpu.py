@@ -892,3 +892,42 @@ def test_the_copied_files_alone_run_the_docstrings_cpu_smoke_command(tmp_path):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "done: 20 steps" in p.stdout
     assert json.loads((tmp_path / "smoke" / "run.json").read_text(encoding="utf-8"))["exit_code"] == 0
+
+
+AGREE = """
+import json, signal, sys, types
+import torch
+import torch.distributed as dist
+sys.path.insert(0, {code!r})
+import train_gpu
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+now = [0.0]
+flag = train_gpu.StopFlag(clock=lambda: now[0])
+t = types.SimpleNamespace(device=torch.device("cpu"))
+polls, stopped = [], None
+for done in range(1, 31):
+    now[0] += 1.0 + 2.0 * rank  # rank 1's clock says a step takes 3 s, rank 0's 1 s
+    if done == 7 and rank == 1:
+        flag.signum = signal.SIGTERM
+    before = flag.polled
+    if flag.agreed(t, done, poll=done == 20) and stopped is None:
+        stopped = done
+    if flag.polled is not before:
+        polls.append(done)
+open({out!r} + str(rank), "w").write(json.dumps([polls, stopped]))
+dist.destroy_process_group()
+"""
+
+
+@slow  # two gloo processes
+def test_processes_with_different_clocks_poll_at_the_same_steps(tmp_path):
+    """Each poll agrees on the next one from the slowest process's pace: the same steps on every process,
+    about STOP_POLL_S apart on the slower clock; a stop heard by one is agreed by both at one step."""
+    from script_support import run_script
+    script = tmp_path / "agree.py"
+    script.write_text(AGREE.format(code=str(REPO / "code"), out=str(tmp_path / "rank")), encoding="utf-8")
+    run_script(script, [], nproc=2, cwd=tmp_path, timeout_s=240)
+    ranks = [json.loads((tmp_path / f"rank{r}").read_text()) for r in (0, 1)]
+    assert ranks[0] == ranks[1], ranks
+    assert ranks[0] == [[1, 2, 3, 6, 9, 12, 15, 18, 20, 23, 26, 29], 9], ranks
