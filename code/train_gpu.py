@@ -405,10 +405,11 @@ def setup(args, device, rank: int, world: int, accum: int, precision: str, data:
         model = eval_model = torch.compile(raw) if use_compile else raw
         if world > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
-            # broadcast_buffers=False: DDP would send rank 0's buffers before every forward; the only ones
-            # are the RoPE tables, computed alike on every process and never changed
+            # forward_sync_buffers=False (torch 2.13's name for broadcast_buffers=False): DDP would send rank
+            # 0's buffers before every forward; the only ones are the RoPE tables, computed alike on every
+            # process and never changed (they are still synced once, when DDP is built)
             model = DDP(model, device_ids=[device.index] if cuda else None, gradient_as_bucket_view=True,
-                        broadcast_buffers=False)
+                        forward_sync_buffers=False)
     opt = configure_optimizer(raw, args.lr, args.weight_decay, fused=True if cuda else None)
     # fp16: scale the loss so small gradients do not underflow; a step with an inf gradient is skipped
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
