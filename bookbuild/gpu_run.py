@@ -34,7 +34,7 @@ def run_label(seconds: float) -> dict:
     """What the page says of this run: GPU, count, date, commit and versions."""
     import torch
     sys.path.insert(0, str(REPO / "code"))
-    from measure import git_state  # the one git lookup, as the chapters' record and train_gpu.py's run.json
+    from record import git_state  # the one git lookup, as the chapters' record and train_gpu.py's run.json
     commit, dirty = git_state()
     return {"gpu": torch.cuda.get_device_name(0), "gpu_count": torch.cuda.device_count(),
             "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,

@@ -21,9 +21,9 @@ _runs = {}  # notebook path -> what happened to its cells in this session
 
 
 def is_the_books_run() -> bool:
-    """Whether this run's outputs may be published: not under capped kernels (code/measure.py's
+    """Whether this run's outputs may be published: not under capped kernels (code/record.py's
     EMULATION_VARS, as CI's emulated run sets them) nor in a portability run."""
-    from measure import EMULATION_VARS  # code/ is on pytest's path (pyproject.toml)
+    from record import EMULATION_VARS  # code/ is on pytest's path (pyproject.toml); torch-free
     return not os.environ.get("BOOK_NO_CACHE_HANDOFF") and not any(os.environ.get(v) for v in EMULATION_VARS)
 
 

@@ -150,11 +150,11 @@ def runtime_sentence(how: str, seconds: float | None, record: dict, build_machin
 
 
 def build_machine() -> dict:
-    """This build's machine, in the chapters' record format (code/measure.py), and its OS."""
+    """This build's machine, in the chapters' record format (code/record.py), and its OS."""
     sys.path.insert(0, str(book.REPO / "code"))
     try:
-        import measure
-        rec = {k: str(v) for k, v in measure.experiment_record().items()}
+        import record
+        rec = {k: str(v) for k, v in record.experiment_record().items()}
     except ImportError:  # a book built without its code/ (a test's two-page copy): what the platform says
         rec = {"CPU": platform.processor() or platform.machine(), "CPU cores": str(os.cpu_count())}
     finally:

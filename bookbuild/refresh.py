@@ -53,11 +53,12 @@ def record_run_time(chapter: str, seconds: float) -> None:
     import json
 
     sys.path.insert(0, str(REPO / "code"))
-    import measure
+    import measure  # the calibration step trains: torch
+    import record
 
     times = json.loads(measure.RUN_TIMES.read_text(encoding="utf-8")) if measure.RUN_TIMES.is_file() else {}
     times[chapter] = {"seconds": round(seconds, 1), "step_s": round(measure.calibration_step_s(), 4),
-                      "cpu": measure.cpu_name()}
+                      "cpu": record.cpu_name()}
     tmp = measure.RUN_TIMES.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(dict(sorted(times.items())), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     tmp.replace(measure.RUN_TIMES)

@@ -3,8 +3,9 @@
 The tokenizer and token ids are build artefacts: made on first use under data/cache/, keyed by a
 hash of the corpus and of every setting that shapes them, so a changed input rebuilds them and an
 unchanged one reuses them. Each artefact is written to a temporary folder and renamed into place,
-so an interrupted build never leaves a half-written cache behind; processes that build it at once
-(the ranks of a first run on a fresh machine) each keep the first complete folder, never removing it.
+so an interrupted build never leaves a half-written cache behind. On a fresh machine under torchrun only
+local rank 0 builds it while the machine's other processes wait; machines sharing a disk each keep the
+first complete folder, never removing it.
 """
 import hashlib
 import io
@@ -94,27 +95,45 @@ def _build(lines: list[str], out: Path) -> None:
     np.savez(out / "tokens.npz", **arrays)
 
 
+CACHE_WAIT_S = 1800  # how long the other processes of a machine wait for its local rank 0 to build the cache
+
+
 def cache_dir(corpus_path: Path = CORPUS_PATH) -> Path:
-    """Build (if needed) and return the folder holding tokenizer.model and tokens.npz."""
+    """Build (if needed) and return the folder holding tokenizer.model and tokens.npz.
+
+    Under torchrun only local rank 0 of each machine builds it; the machine's other processes wait for
+    the folder to be complete. A complete folder is never removed: it is renamed into place whole, and a
+    rename that finds one there (another machine's, on a shared disk) keeps it."""
     lines = load_corpus(corpus_path)
     final = CACHE_DIR / _cache_key(corpus_path)
     if _complete(final):
         return final
+    if int(os.environ.get("LOCAL_RANK", 0)) != 0:
+        return _wait_for(final)
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="build-", dir=CACHE_DIR))
     try:
         _build(lines, tmp)
-        if _complete(final):  # another process (a rank of the same launch) finished first: keep theirs,
-            return final      # which is identical, and which it may be reading right now
-        if final.exists():  # incomplete: left by something other than this function's rename
-            shutil.rmtree(final, ignore_errors=True)
         try:
-            os.rename(tmp, final)
+            os.rename(tmp, final)  # fails where a folder with files already is: never over a complete one
         except OSError:
-            if not _complete(final):  # lost the race to another process's rename: theirs is identical
-                raise
+            if not _complete(final):
+                raise CorpusError(f"token cache {final} exists but lacks tokens.npz or tokenizer.model (not "
+                                  "written by this code); remove that folder and run again") from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # ours, if another process's folder was there first
+    return final
+
+
+def _wait_for(final: Path) -> Path:
+    """The cache folder local rank 0 is building, once it is complete (polled every half second)."""
+    import time
+    deadline = time.monotonic() + CACHE_WAIT_S
+    while not _complete(final):
+        if time.monotonic() > deadline:
+            raise CorpusError(f"local rank 0 did not finish the token cache {final} within {CACHE_WAIT_S} s; "
+                              "look at its error, or build the cache first with one process")
+        time.sleep(0.5)
     return final
 
 

@@ -1,17 +1,16 @@
 """Measuring: this machine's matmul peak, the timing loop, where a step's time goes (profiler
-buckets), and a record of what produced a chapter's numbers. The FLOP formula lives in shapes.py
-and is importable from here, beside the clock it is divided by."""
-import datetime
+buckets), and the record of what produced a chapter's numbers (printed here, gathered by record.py
+without torch). The FLOP formula lives in shapes.py and is importable from here, beside the clock it
+is divided by."""
 import json
 import os
-import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 
+from record import EMULATION_VARS, cpu_flags, cpu_isa, cpu_name, experiment_record, git_commit, git_state  # noqa: F401,E501  (re-exported: the chapters import them from here)
 from script_support import accumulate_gradients
 from shapes import flops_per_token  # noqa: F401  (one formula; chapters and scripts import it from here)
 
@@ -162,27 +161,6 @@ def matmul_peak(dtype=torch.float32, **kw) -> float:
     return matmul_probe(dtype, **kw)["flops_s"]
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def cpu_flags() -> set:
-    """The CPU's feature flags as Linux lists them (/proc/cpuinfo), or an empty set elsewhere."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):  # x86, Arm
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86's AVX-512 BF16 and AMX, Arm's BF16 extension
 
 
@@ -190,62 +168,6 @@ def has_bf16_instructions(flags: set | None = None) -> bool:
     """Whether the CPU has bf16 matrix instructions at all: without them a bf16 matmul is a slow
     software fallback (10-25x fp32 on an AVX2 CPU), whatever one timing says."""
     return bool(set(BF16_FLAGS) & (cpu_flags() if flags is None else flags))
-
-
-EMULATION_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")  # cap the kernels' ISA
-
-
-def cpu_isa(flags: set | None = None, machine: str | None = None) -> str:
-    """The vector and matrix instructions torch can use here, in words: 'AVX2', 'AVX-512 + avx512_bf16
-    + AMX', 'NEON + bf16', ...; with the kernels torch picked, and any variable that caps them."""
-    flags = cpu_flags() if flags is None else flags
-    machine = (machine or platform.machine()).lower()
-    if machine in ("arm64", "aarch64"):
-        parts = ["NEON"] + [f for f in ("sve", "bf16") if f in flags]
-    else:
-        parts = ["AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE/other"]
-        parts += [f for f in ("avx512_bf16",) if f in flags] + (["AMX"] if "amx_bf16" in flags else [])
-    text = " + ".join(parts) + f" (torch kernels: {torch.backends.cpu.get_cpu_capability()})"
-    capped = [f"{v}={os.environ[v]}" for v in EMULATION_VARS if os.environ.get(v)]
-    return text + (", capped by " + " ".join(capped) if capped else "")
-
-
-def git_state() -> tuple[str | None, bool | None]:
-    """(commit, whether tracked files have uncommitted changes) of the repository the code is in,
-    or (None, None) outside one."""
-    here = Path(__file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-    if head.returncode != 0:
-        return None, None
-    return head.stdout.strip(), bool(dirty.stdout.strip())
-
-
-def git_commit() -> str:
-    """The short commit for a chapter's record, or 'unknown'."""
-    commit = git_state()[0]
-    return commit[:7] if commit else "unknown"
-
-
-def experiment_record() -> dict:
-    """What produced a chapter's numbers: when, which code, which hardware and software."""
-    rec = {
-        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-        "git commit": git_commit(),
-        "CPU": cpu_name(),
-        "ISA": cpu_isa(),
-        "CPU cores": os.cpu_count(),
-        "torch threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
-    if torch.cuda.is_available():
-        rec["GPU"] = f"{torch.cuda.device_count()} × {torch.cuda.get_device_name(0)}"
-    return rec
 
 
 CHECKS = []  # every check() of this process, in order: what print_record reports as margins

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from measure import git_state
+from record import git_state
 from script_support import append_jsonl, atomic_write, write_json
 
 LOG_NAME = "log.jsonl"

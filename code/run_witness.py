@@ -5,10 +5,11 @@
 For each combination below it builds the trainer exactly as train_gpu.py does (its setup), runs one
 optimizer step (its train_step and optimizer_step) of a tiny model on gloo, and counts, without
 editing the script:
-  sent    every message FSDP2 hands to torch.distributed (all_gather_single, reduce_scatter_single) and
-          every bucket DDP all-reduces (through a counting comm hook), in bytes and calls;
+  sent    every message FSDP2 hands to torch.distributed (all_gather_single, reduce_scatter_single),
+          every bucket DDP all-reduces (through a counting comm hook on the model setup built) and every
+          buffer broadcast DDP makes before a forward, in bytes and calls;
   held    rank 0's local tensors: weights, gradients (before the optimizer step), AdamW's moments (after
-          it), DDP's buckets when they are not views of the gradients, FSDP's whole gradients held
+          it), DDP's buckets when the model's own gradient_as_bucket_view is off, FSDP's whole gradients held
           between micro-batches (at the start of each forward after the first), and the gathered
           weights still held at the end of each forward.
 Rank 0 writes {"world", "runs": [{"combo": {...}, "sent": {...}, "held": {...}}]}; memory.Run with the
@@ -20,8 +21,9 @@ witness also records the ranks of its group ("groups"), so that a test launched 
 torchrun launches, LOCAL_WORLD_SIZE 2 each) sees which collectives cross between them.
 
 sync_every is the script's own flag (--grad-sync every). bucket_view is not a flag: train_gpu.py always
-sets DDP's gradient_as_bucket_view=True; the witness turns it off from outside, for the one combination
-that shows what the second copy of the gradients would cost.
+sets DDP's gradient_as_bucket_view=True, which the witness reads from the model (so a script that lost it
+holds buckets the plan does not count); it turns it off from outside only for the one combination that
+shows what the second copy of the gradients would cost.
 """
 import contextlib
 import os
@@ -76,6 +78,7 @@ class Counter:
 
     def add(self, name, nbytes):
         if self.on:
+            self.sent.setdefault(name, [0, 0])
             self.sent[name][0] += 1
             self.sent[name][1] += nbytes
 
@@ -120,25 +123,45 @@ def _nbytes(t) -> int:
     return t.numel() * t.element_size()
 
 
-def counting_ddp(bucket_view: bool):
-    """DistributedDataParallel as train_gpu.setup builds it, with a comm hook that counts each bucket,
-    and gradient_as_bucket_view as the combination asks."""
+def without_bucket_view():
+    """DistributedDataParallel with gradient_as_bucket_view turned off from outside (the one combination
+    that shows the second copy of the gradients); every other argument as train_gpu.setup passes it."""
     from torch.nn.parallel import DistributedDataParallel
 
-    class Counted(DistributedDataParallel):
+    class Copied(DistributedDataParallel):
         def __init__(self, *args, **kwargs):
-            super().__init__(*args, **{**kwargs, "gradient_as_bucket_view": bucket_view})
-            self.register_comm_hook(None, self._hook)
+            super().__init__(*args, **{**kwargs, "gradient_as_bucket_view": False})
 
-        def _hook(self, state, bucket):
-            buf = bucket.buffer()
-            COUNT.add("all_reduce", _nbytes(buf))
-            if COUNT.on and not bucket_view:
-                COUNT.held["buckets"] += _nbytes(buf)
-            fut = dist.all_reduce(buf.div_(dist.get_world_size()), async_op=True).get_future()
-            return fut.then(lambda f: f.value()[0])
+    return Copied
 
-    return Counted
+
+def count_ddp(model) -> None:
+    """A comm hook on the DDP model setup built that counts each bucket it all-reduces, and its bytes held
+    apart from the gradients if the model's own gradient_as_bucket_view is off."""
+    def hook(state, bucket):
+        buf = bucket.buffer()
+        COUNT.add("all_reduce", _nbytes(buf))
+        if COUNT.on and not model.gradient_as_bucket_view:
+            COUNT.held["buckets"] += _nbytes(buf)
+        fut = dist.all_reduce(buf.div_(dist.get_world_size()), async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0])
+    model.register_comm_hook(None, hook)
+
+
+@contextlib.contextmanager
+def counting_broadcasts():
+    """Count DDP's buffer broadcasts (dist._broadcast_coalesced, before a forward with broadcast_buffers):
+    the plan sends none."""
+    broadcast = dist._broadcast_coalesced
+
+    def counted(group, tensors, buffer_size, src=0):
+        COUNT.add("broadcast", sum(_nbytes(x) for x in tensors))
+        return broadcast(group, tensors, buffer_size, src)
+    dist._broadcast_coalesced = counted
+    try:
+        yield
+    finally:
+        dist._broadcast_coalesced = broadcast
 
 
 def fsdp_groups(model):
@@ -200,17 +223,21 @@ def one_run(combo: tuple, world: int, rank: int, out_dir: str) -> dict:
     device = torch.device("cpu")
     data = train_gpu.TokenSource(args.data, args.vocab_size, args.seq_len, args.tokenizer, rank, world)
     ddp = torch.nn.parallel.DistributedDataParallel
-    torch.nn.parallel.DistributedDataParallel = counting_ddp(bucket_view)
+    if scheme == "ddp" and not bucket_view:
+        torch.nn.parallel.DistributedDataParallel = without_bucket_view()
     try:
         t = train_gpu.setup(args, device, rank, world, accum, train_gpu.resolve_precision(precision, device), data)
     finally:
         torch.nn.parallel.DistributedDataParallel = ddp
     if t.sharded:
         watch_fsdp(t.raw)
+    else:
+        count_ddp(t.model)
     COUNT.reset()
     COUNT.on = True
     try:
-        train_gpu.train_step(t, 0)
+        with counting_broadcasts():
+            train_gpu.train_step(t, 0)
     finally:
         COUNT.on = False
     held = train_gpu.held_bytes(t)

@@ -14,8 +14,9 @@
   torch.distributed.run (the chapters that start processes use it).
 - accumulate_gradients: forward and backward over micro-batches whose gradients add up to the
   whole batch's, with the gradient all-reduce skipped on all but the last. The detail that is easy
-  to get wrong (no_sync must enclose forward as well as backward) is written in one place, for the
-  single-GPU, multi-GPU and timing code alike.
+  to get wrong (no_sync must enclose forward as well as backward) is written in one place for the
+  chapters' scripts (ddp_train.py, fsdp_comm.py) and timing code (measure.py); train_gpu.py, the
+  script a reader copies, keeps its loop inline in train_step, as nanoGPT and nanochat do.
 
 Nothing here imports the book's other modules: model, data and training code import this, not
 the other way round.

@@ -9,9 +9,10 @@
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
         --rdzv-id RUN code/train_gpu.py           # two machines, run on each (launch/: Slurm, SkyPilot)
 
-Copy to the box: code/ (this script and what it imports: checkpoint.py, run_log.py, token_source.py,
-device.py, preflight.py, data.py, model.py, train.py, memory.py, gpus.py, shapes.py, measure.py, arguments.py,
-script_support.py), data/songci.txt (or your --data file) and requirements.txt. `python code/budget.py
+Copy to the box: code/ (this script and what it imports: checkpoint.py, run_log.py, record.py,
+token_source.py, device.py, preflight.py, data.py, model.py, train.py, memory.py, gpus.py, shapes.py,
+arguments.py, script_support.py), data/songci.txt (or your --data file) and requirements-train.txt
+(`pip install -r requirements-train.txt`: torch, numpy, sentencepiece). `python code/budget.py
 ...` prints the command for the scheme and micro-batch that fit. This file reads top to bottom: the
 arguments, main, the loop (run), then setup, one step, checkpoints and the log. Before paying for a
 run: `--preflight` measures the box against the plan in about a minute (code/preflight.py).
@@ -65,8 +66,9 @@ scheme, after the processes check that each chose the same step; --auto-resume d
 exact list of DCP's record classes and changes no object it did not make (checkpoint.py). OUT/model.pt:
 the final weights as one plain state_dict, written when a run reaches --steps.
 
-Preemption: on SIGTERM or SIGUSR1 every process finishes its step; they agree at the next poll (every
-STOP_POLL_EVERY steps and every log and save step: one all-reduce, no host sync on the other steps),
+Preemption: on SIGTERM or SIGUSR1 every process finishes its step; they agree at the next poll (about
+every STOP_POLL_S seconds, at a step they agreed on, and every log and save step: one all-reduce, no host
+sync on the other steps; Windows has no SIGUSR1, only SIGTERM),
 save a checkpoint, rank 0 records exit status 75 in OUT/run.json, and all exit 75 without writing
 model.pt, to fit torchrun's --shutdown-timeout (launch/ sets it); launch/slurm.sbatch requeues on 75.
 
@@ -121,8 +123,6 @@ from model import GPT, GPTConfig, init_per_parameter  # noqa: E402
 from run_log import LOG_NAME, RECORD_NAME, RunLog, end_current  # noqa: E402
 from script_support import (  # noqa: E402
     Parser,
-    ScaledLoss,
-    accumulate_gradients,
     launch_ranks,
     mean_across_ranks,
     output_problem,
@@ -135,8 +135,10 @@ from train import configure_optimizer, lr_at  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 EXIT_NAN, EXIT_TIMEOUT, EXIT_PREEMPTED = 3, 4, 75  # 75: EX_TEMPFAIL, "try again"
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-STOP_POLL_EVERY = 10  # steps between polls of the stop flag (plus every log and save step)
+# the signals a scheduler sends before it kills a job (Slurm's --signal, SkyPilot, torchrun's forward):
+# only those this platform has (Windows has no SIGUSR1), so the script imports everywhere
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1") if hasattr(signal, name))
+STOP_POLL_S = 10.0  # wall seconds between polls of the stop flag (plus every log and save step)
 WARMUP_UNTIMED = 5  # a run's first steps compile and warm up: kept out of tokens/s, as nanoGPT does
 COLLECTIVE_WORDS = ("gloo", "NCCL", "Timed out", "timed out", "Connection closed")  # a failed collective's words
 DEFAULT_GLOBAL_BATCH_TOKENS = 2**19  # 524,288 tokens per step, GPT-3 Small's 0.5M
@@ -373,7 +375,7 @@ def run(args, device, rank: int, world: int, accum: int, precision: str, data: "
         paused = time.perf_counter()  # evaluating and saving are not training: keep them out of tokens/s
         if args.eval_every and (done % args.eval_every == 0 or done == args.steps):
             evaluator.report(log, done)
-        stopping = stop.agreed(t, done, log_now or save_now or done % STOP_POLL_EVERY == 0)
+        stopping = stop.agreed(t, done, log_now or save_now)  # and every STOP_POLL_S (StopFlag)
         if save_now or stopping:
             save_checkpoint(t, done)
         clock += time.perf_counter() - paused
@@ -500,7 +502,11 @@ def setup(args, device, rank: int, world: int, accum: int, precision: str, data:
         model = eval_model = torch.compile(raw) if use_compile else raw
         if world > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
-            model = DDP(model, device_ids=[device.index] if cuda else None, gradient_as_bucket_view=True)
+            # forward_sync_buffers=False (torch 2.13's name for broadcast_buffers=False): DDP would send rank
+            # 0's buffers before every forward; the only ones are the RoPE tables, computed alike on every
+            # process and never changed (they are still synced once, when DDP is built)
+            model = DDP(model, device_ids=[device.index] if cuda else None, gradient_as_bucket_view=True,
+                        forward_sync_buffers=False)
     opt = configure_optimizer(raw, args.lr, args.weight_decay, fused=True if cuda else None)
     # fp16: scale the loss so small gradients do not underflow; a step with an inf gradient is skipped
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
@@ -512,42 +518,35 @@ def setup(args, device, rank: int, world: int, accum: int, precision: str, data:
 
 # ---- one optimizer step, and what the processes agree on -------------------------------------------
 
-def no_sync(t: Trainer):
-    """The context that skips the gradient reduction of a micro-batch that is not the step's last."""
+def grad_sync(t: Trainer, sync: bool) -> None:
+    """Whether the next micro-batch's backward reduces the gradients over the processes (no_sync's switch).
+    DDP decides during forward, so this is set before it; nanoGPT sets require_backward_grad_sync alike."""
     if t.world == 1:
-        return None
-    if t.sharded and t.args.grad_sync == "every" and t.args.shard == "hsdp":
-        @contextlib.contextmanager
-        def hsdp_no_all_reduce():  # reduce-scatter every backward, all-reduce across groups on the last only
-            t.model.set_requires_all_reduce(False)
-            try:
-                yield
-            finally:
-                t.model.set_requires_all_reduce(True)
-        return hsdp_no_all_reduce
+        return
     if t.sharded and t.args.grad_sync == "every":
-        return None  # every backward reduce-scatters: the gradients stay shards
+        if t.args.shard == "hsdp":  # reduce-scatter every backward, all-reduce across the groups on the last only
+            t.model.set_requires_all_reduce(sync)
+        return  # every backward reduce-scatters, so the gradients stay shards
     if t.sharded:
-        @contextlib.contextmanager
-        def fsdp_no_sync():  # gradients stay whole and accumulate; the last backward reduce-scatters
-            t.model.set_requires_gradient_sync(False)
-            try:
-                yield
-            finally:
-                t.model.set_requires_gradient_sync(True)
-        return fsdp_no_sync
-    return t.model.no_sync
+        t.model.set_requires_gradient_sync(sync)  # off: the whole gradients accumulate, unreduced
+    else:
+        t.model.require_backward_grad_sync = sync  # what DDP's no_sync() switches off and back on
 
 
 def train_step(t: Trainer, step: int) -> tuple:
     """Forward and backward over the step's micro-batches, clip. Returns (mean loss, gradient norm),
     both tensors on the device, not yet synchronised; optimizer_step then steps AdamW."""
     set_lr(t.opt, lr_at(step, t.args.lr, t.args.warmup, t.args.steps, t.args.min_lr_ratio))
-    forward = t.model if t.scaler is None else ScaledLoss(t.model, t.scaler)
-    loss = accumulate_gradients(forward, t.sampler.step_batches(), no_sync=no_sync(t),
-                                autocast_dtype=t.autocast_dtype)
+    batches = t.sampler.step_batches()
+    loss = torch.zeros((), device=t.device)
+    for i, (x, y) in enumerate(batches):
+        grad_sync(t, i == len(batches) - 1)  # the reduction runs once, in the last micro-batch's backward
+        with autocast(t):
+            _, micro_loss = t.model(x, y)
+        micro_loss = micro_loss / len(batches)  # backward adds up the gradient of the step's mean loss
+        (micro_loss if t.scaler is None else t.scaler.scale(micro_loss)).backward()
+        loss += micro_loss.detach()
     if t.scaler is not None:
-        loss = forward.mean_loss()  # the loss before scaling
         t.scaler.unscale_(t.opt)  # true gradients, for clipping; inf/NaN here makes scaler.step skip
         if t.sharded:  # each process saw only its shards: skip the step everywhere or nowhere
             for found in t.scaler._per_optimizer_states[id(t.opt)]["found_inf_per_device"].values():
@@ -593,10 +592,20 @@ def step_timeout(args) -> float:
 
 
 class StopFlag:
-    """Remembers a SIGTERM or SIGUSR1; the processes agree on it at a poll step, at one step boundary."""
+    """Remembers a SIGTERM or SIGUSR1; the processes agree on it at a poll step, at one step boundary.
 
-    def __init__(self):
-        self.signum = None
+    A poll is one all-reduce and a host sync, so it is not made every step: at every log and save step,
+    and STOP_POLL_S of wall time after the last poll. Each process's clock would pick another step, so
+    each poll also agrees on the next: every process sends how many steps fit in STOP_POLL_S at its own
+    pace (measured between the last two polls, where the host waited for the device), the slowest wins,
+    and all of them poll again at that step. A stop is agreed within about STOP_POLL_S and a step,
+    whether a step takes 50 ms or 8 s."""
+
+    def __init__(self, clock=time.monotonic):
+        self.signum, self.clock = None, clock
+        self.next_poll = None  # the step at which the processes agree again (None: the first step)
+        self.polled = None  # (clock, step) when the last poll's all-reduce returned
+        self.step_s = None  # wall seconds per step between the last two polls
         for s in STOP_SIGNALS:
             signal.signal(s, self._handle)
 
@@ -604,8 +613,20 @@ class StopFlag:
         self.signum = signum
 
     def agreed(self, t: Trainer, done: int, poll: bool) -> int:
-        """The signal any process heard, at a poll step (the same steps on every process); else 0."""
-        return any_rank(self.signum or 0, t.device) if poll else 0
+        """The signal any process heard, at a log or save step (`poll`) or at the step the last poll chose
+        (the same steps on every process); else 0."""
+        if not poll and self.next_poll is not None and done < self.next_poll:
+            return 0
+        steps = max(1, int(STOP_POLL_S / self.step_s)) if self.step_s else 1
+        x = torch.tensor([self.signum or 0, -steps], device=t.device)  # MAX of -steps: the fewest steps
+        if dist.is_initialized():
+            dist.all_reduce(x, op=dist.ReduceOp.MAX)
+        signum, fewest = x.tolist()  # waits for the device: the clock below sees the steps done
+        now = self.clock()
+        if self.polled is not None and done > self.polled[1]:
+            self.step_s = (now - self.polled[0]) / (done - self.polled[1])
+        self.polled, self.next_poll = (now, done), done - fewest
+        return signum
 
     def ignore_more(self) -> None:
         for s in STOP_SIGNALS:

@@ -34,6 +34,13 @@ def test_both_launch_the_same_torchrun_line():
     assert sky["num_nodes"] == 2 and "#SBATCH --nodes=2" in SLURM.read_text(encoding="utf-8")
 
 
+def test_both_install_requirements_train_on_the_box():
+    sky = yaml.safe_load(SKY.read_text(encoding="utf-8"))
+    for text in (sky["setup"], SLURM.read_text(encoding="utf-8")):
+        installs = [line for line in text.splitlines() if "pip install" in line]
+        assert len(installs) == 1 and "-r requirements-train.txt" in installs[0], installs
+
+
 def test_shell_parts_pass_bash_n():
     bash_n(SLURM.read_text(encoding="utf-8"))
     sky = yaml.safe_load(SKY.read_text(encoding="utf-8"))
@@ -70,7 +77,7 @@ def test_slurm_requeues_on_the_preemption_status(tmp_path, status, requeued, rc)
     import sys
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "srun").write_text('#!/bin/sh\ncase "$*" in *"pip install"*) exit 0;; esac\nexit 1\n')
     (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/scontrol.log\necho node1\n')
     (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
     for f in bin_dir.iterdir():

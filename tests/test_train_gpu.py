@@ -8,6 +8,7 @@ uninterrupted run ends (bitwise at the same world size and scheme).
 Faults (a NaN, an inf gradient, a stop request, a hung peer) are injected by monkeypatching
 (tests/train_gpu_faults.py), never by the script itself. Tests marked slow start processes; the others
 run train_gpu's main in this process (refusals, a tiny checkpoint, the loader's fuzzing)."""
+import argparse
 import json
 import os
 import pickle
@@ -186,19 +187,84 @@ def test_sigterm_to_the_launcher_saves_and_records_75_within_the_shutdown_timeou
 
 
 def test_sharded_init_equals_the_unsharded_one(tmp_path):
-    """A run of 0 optimizer steps does not exist; instead build both inits in this process."""
+    """A model built on the meta device and sharded by the script's own shard() (FSDP2 on a 1-process gloo
+    mesh, so every parameter is a DTensor), then initialised, equals the plain model of the same seed."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    import train_gpu
     from model import GPT, GPTConfig, full_init, init_per_parameter
     cfg = GPTConfig(vocab_size=64, d_model=16, n_layer=2, n_head=2, seq_len=8)
-    a, b = GPT(cfg), GPT(cfg)
-    init_per_parameter(a, 7)
-    init_per_parameter(b, 7)
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    plain = GPT(cfg)
+    init_per_parameter(plain, 7)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        with torch.device("meta"):
+            sharded = GPT(cfg)
+        train_gpu.shard(sharded, argparse.Namespace(reshard_after_forward=True), torch.device("cpu"), "fp32")
+        sharded.to_empty(device="cpu")
+        init_per_parameter(sharded, 7)
+        assert all(isinstance(p, DTensor) for p in sharded.parameters())  # the sharded branch ran
+        full = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in sharded.state_dict().items()}
+    finally:
+        dist.destroy_process_group()
+    assert full.keys() == plain.state_dict().keys()
+    assert all(torch.equal(full[k], v) for k, v in plain.state_dict().items())
     default = GPT(cfg)
-    for name, p in a.named_parameters():  # the default init's distributions
+    for name, p in plain.named_parameters():  # the default init's distributions
         d = dict(default.named_parameters())[name]
         assert abs(p.std().item() - d.std().item()) < 0.35 * d.std().item() + 1e-6, name
         assert torch.equal(full_init(name, p.shape, cfg, 7), p.detach())
-    assert a.lm_head.weight is a.tok_emb.weight
+    assert plain.lm_head.weight is plain.tok_emb.weight
+
+
+def poll_steps(step_s, steps, stop_at=None):
+    """The steps at which a StopFlag polls when each step takes step_s seconds (a fake clock), and the
+    step its stop is agreed at if a signal arrives during step stop_at."""
+    import types
+
+    import train_gpu
+    now = [0.0]
+    saved = {s: signal.getsignal(s) for s in train_gpu.STOP_SIGNALS}
+    try:
+        flag = train_gpu.StopFlag(clock=lambda: now[0])
+        t = types.SimpleNamespace(device=torch.device("cpu"))
+        polls, stopped = [], None
+        for done in range(1, steps + 1):
+            now[0] += step_s
+            if done == stop_at:
+                flag.signum = signal.SIGTERM
+            before = flag.polled
+            if flag.agreed(t, done, poll=False) and stopped is None:
+                stopped = done
+            if flag.polled is not before:
+                polls.append(done)
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    return polls, stopped
+
+
+def test_the_stop_flag_is_polled_on_wall_time():
+    """About every STOP_POLL_S seconds, whether a step takes 1 s or 10 ms: a stop is agreed within it."""
+    import train_gpu
+    assert train_gpu.STOP_POLL_S == 10
+    polls, stopped = poll_steps(1.0, 40, stop_at=14)
+    assert polls == [1, 2, 3, 13, 23, 33] and stopped == 23  # the first steps measure the pace
+    polls, _ = poll_steps(0.01, 3000)
+    assert polls == [1, 2, 3, 1003, 2003]
+    polls, stopped = poll_steps(30.0, 5, stop_at=4)
+    assert polls == [1, 2, 3, 4, 5] and stopped == 4  # a step longer than STOP_POLL_S: every step
+
+
+def test_windows_without_sigusr1_imports_the_code():
+    """Windows has neither SIGUSR1 nor fork: every module of code/ still imports, and the stop signals are
+    the ones the platform has."""
+    probe = ("import importlib, os, pathlib, signal, sys; del signal.SIGUSR1, os.fork; sys.path.insert(0, 'code'); "
+             "[importlib.import_module(p.stem) for p in sorted(pathlib.Path('code').glob('*.py'))]; "
+             "import train_gpu; print(train_gpu.STOP_SIGNALS)")
+    p = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "(<Signals.SIGTERM: 15>,)", p.stdout + p.stderr
 
 
 @pytest.fixture(scope="module")
@@ -972,3 +1038,102 @@ def test_two_nodes_with_c10d_rendezvous_match_one_node(runs, tmp_path):
     assert [p.returncode for p in nodes] == [0, 0], outs
     ref, two_nodes = weights(runs[2, "ddp"][0]), weights(tmp_path)
     assert all(torch.equal(ref[k], two_nodes[k]) for k in ref)
+
+
+def copy_list() -> list:
+    """The files the docstring of train_gpu.py says to copy to the box, besides itself."""
+    import re
+
+    import train_gpu
+    text = " ".join(train_gpu.__doc__.split("Copy to the box:")[1].split(")")[0].split())
+    return re.findall(r"(\w+\.py)", text.split("what it imports:")[1])
+
+
+def test_the_copy_list_is_what_the_script_imports():
+    """The docstring's list is train_gpu.py's own imports, followed to the end (lazy imports included)."""
+    import ast
+    code = REPO / "code"
+    seen, todo = set(), ["train_gpu"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for node in ast.walk(ast.parse((code / f"{name}.py").read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if (
+                isinstance(node, ast.ImportFrom) and node.module) else []
+            todo += [n for n in names if (code / f"{n}.py").is_file()]
+    assert sorted(copy_list()) == sorted(f"{m}.py" for m in seen - {"train_gpu"})
+
+
+def test_requirements_train_pins_what_requirements_pins():
+    def pins(name):
+        lines = (REPO / name).read_text(encoding="utf-8").splitlines()
+        return dict(line.split("==") for line in lines if line.strip() and not line.startswith("#"))
+    train, book = pins("requirements-train.txt"), pins("requirements.txt")
+    assert set(train) == {"torch", "numpy", "sentencepiece"}
+    assert all(book[k] == v for k, v in train.items()), (train, {k: book.get(k) for k in train})
+
+
+@slow  # trains the book's tokenizer in an empty folder, then 20 steps
+def test_the_copied_files_alone_run_the_docstrings_cpu_smoke_command(tmp_path):
+    import shlex
+
+    import train_gpu
+    box = tmp_path / "box"
+    (box / "code").mkdir(parents=True)
+    (box / "data").mkdir()
+    for name in ["train_gpu.py"] + copy_list():
+        shutil.copy(REPO / "code" / name, box / "code" / name)
+    shutil.copy(REPO / "data" / "songci.txt", box / "data" / "songci.txt")
+    shutil.copy(REPO / "requirements-train.txt", box / "requirements-train.txt")
+    doc = train_gpu.__doc__.replace("\\\n", " ")
+    line = next(x for x in doc.splitlines() if "--device cpu" in x).split("#")[0]
+    argv = shlex.split(line)
+    assert argv[:2] == ["python", "code/train_gpu.py"]
+    out = argv.index("--out") + 1
+    argv[out] = str(tmp_path / "smoke")
+    p = subprocess.run([sys.executable, *argv[1:]], cwd=box, env={**ENV, "PYTHONPATH": ""}, capture_output=True,
+                       text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "done: 20 steps" in p.stdout
+    assert json.loads((tmp_path / "smoke" / "run.json").read_text(encoding="utf-8"))["exit_code"] == 0
+
+
+AGREE = """
+import json, signal, sys, types
+import torch
+import torch.distributed as dist
+sys.path.insert(0, {code!r})
+import train_gpu
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+now = [0.0]
+flag = train_gpu.StopFlag(clock=lambda: now[0])
+t = types.SimpleNamespace(device=torch.device("cpu"))
+polls, stopped = [], None
+for done in range(1, 31):
+    now[0] += 1.0 + 2.0 * rank  # rank 1's clock says a step takes 3 s, rank 0's 1 s
+    if done == 7 and rank == 1:
+        flag.signum = signal.SIGTERM
+    before = flag.polled
+    if flag.agreed(t, done, poll=done == 20) and stopped is None:
+        stopped = done
+    if flag.polled is not before:
+        polls.append(done)
+open({out!r} + str(rank), "w").write(json.dumps([polls, stopped]))
+dist.destroy_process_group()
+"""
+
+
+@slow  # two gloo processes
+def test_processes_with_different_clocks_poll_at_the_same_steps(tmp_path):
+    """Each poll agrees on the next one from the slowest process's pace: the same steps on every process,
+    about STOP_POLL_S apart on the slower clock; a stop heard by one is agreed by both at one step."""
+    from script_support import run_script
+    script = tmp_path / "agree.py"
+    script.write_text(AGREE.format(code=str(REPO / "code"), out=str(tmp_path / "rank")), encoding="utf-8")
+    run_script(script, [], nproc=2, cwd=tmp_path, timeout_s=240)
+    ranks = [json.loads((tmp_path / f"rank{r}").read_text()) for r in (0, 1)]
+    assert ranks[0] == ranks[1], ranks
+    assert ranks[0] == [[1, 2, 3, 6, 9, 12, 15, 18, 20, 23, 26, 29], 9], ranks

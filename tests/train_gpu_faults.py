@@ -2,7 +2,7 @@
 reader's path. `python tests/train_gpu_faults.py ARGS` (also under torchrun) runs train_gpu.main with
 the faults named in the environment variable TRAIN_GPU_FAULTS, `nan=STEP,inf=STEP,stop=STEP,sleep=MS,
 hang=STEP,oom=STEP,stale=1`: a NaN loss from STEP on (what a diverging run shows); an inf gradient at STEP
-on rank 0 (what an fp16 overflow leaves); a stop request on the last rank at STEP (what a SIGTERM does);
+on rank 0 of an fp16 run (what an fp16 overflow leaves); a stop request on the last rank at STEP (what a SIGTERM does);
 MS milliseconds of sleep per step (time for a test to send a real signal); the last rank stuck after STEP
 (a hung peer); torch.OutOfMemoryError in step STEP on the last rank (what an allocation that does not
 fit raises); the last rank not seeing the newest checkpoint in --out (a bucket mount still syncing).
@@ -25,7 +25,8 @@ def parse(spec: str) -> dict:
 
 def install(spec: str, setattr=setattr) -> None:
     faults = parse(spec)
-    train_step, agreed, accumulate = train_gpu.train_step, train_gpu.StopFlag.agreed, train_gpu.accumulate_gradients
+    train_step, agreed = train_gpu.train_step, train_gpu.StopFlag.agreed
+    unscale = torch.amp.grad_scaler.GradScaler.unscale_  # the class: a test may replace torch.amp.GradScaler
     current = {}
 
     def faulty_train_step(t, step):
@@ -37,13 +38,12 @@ def install(spec: str, setattr=setattr) -> None:
             loss = loss * float("nan")
         return loss, norm
 
-    def faulty_accumulate(*a, **k):
-        loss = accumulate(*a, **k)
+    def faulty_unscale(scaler, opt):  # after the step's backward, before the scaler looks for infs
         t = current["t"]
         if faults.get("inf") == current["step"] + 1 and t.rank == 0:
             g = next(t.raw.parameters()).grad
             (g.to_local() if hasattr(g, "to_local") else g).view(-1)[0] = float("inf")
-        return loss
+        return unscale(scaler, opt)
 
     def faulty_agreed(self, t, done, poll):
         if faults.get("sleep"):
@@ -63,7 +63,7 @@ def install(spec: str, setattr=setattr) -> None:
     if faults.get("stale"):
         setattr(train_gpu, "complete_checkpoints", stale_checkpoints)
     setattr(train_gpu, "train_step", faulty_train_step)
-    setattr(train_gpu, "accumulate_gradients", faulty_accumulate)
+    setattr(torch.amp.grad_scaler.GradScaler, "unscale_", faulty_unscale)
     setattr(train_gpu.StopFlag, "agreed", faulty_agreed)
 
 
