@@ -101,7 +101,7 @@ class FigureEveryImage(SphinxTransform):
             figure = nodes.figure("", classes=["book-numbered"])
             bundle.replace_self(figure)
             figure += bundle
-            figure += nodes.caption("", "\u00a0")  # Sphinx numbers no figure whose caption is empty
+            figure += nodes.caption("", "\u200b")  # Sphinx numbers no figure whose caption is empty
             self.document.set_id(figure)
 
 

@@ -5,7 +5,15 @@
   own boxes).
 - Figure text is legible at both widths: each figure is shown at no less than LEGIBLE of its drawn
   size (the figures are drawn at 100 dpi, their text at 7-10 pt, so 10 pt reads at about 9.7 px).
-- Figures are numbered per chapter: 图 N.1, 图 N.2, ... (bookbuild/pages.py).
+- Figures are numbered per chapter: 图 N.1, 图 N.2, ... (bookbuild/pages.py), every one of them, with a
+  caption in the cell's metadata or without (pages.FigureEveryImage).
+- Every table renders as a table: no page's prose shows a Markdown table's rule (|---|), as a
+  text/markdown output parsed by CommonMark did (_config.yml: nb_render_markdown_format).
+- No page links to the general index (the book has no index entries; _config.yml: html_use_index).
+- At 1280 and 390 px (_static/layout.css): a printed table (pages.table_like) keeps one line per line
+  and scrolls instead; a wrapped code line indents its continuation; a word in a table cell is never
+  broken inside (a hyphen may end a line); on a phone a figure fits its column or its caption says it
+  scrolls (_static/layout.js).
 - Quotation marks and dashes: no ”…” (two closing quotes), no en dash the source does not have (so a
   glued "+--+" stays four signs).
 - Glued text carries no Markdown (a backtick or a $ shows literally in a {glue:text} value).
@@ -56,7 +64,7 @@ MEASURE_JS = """() => {
     split_words: [...main.querySelectorAll('td, th')].flatMap(cell => {
       const split = [], walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
       for (let n = walker.nextNode(); n; n = walker.nextNode())
-        for (const m of n.nodeValue.matchAll(/[A-Za-z0-9][A-Za-z0-9_.+-]*/g)) {
+        for (const m of n.nodeValue.matchAll(/[A-Za-z0-9_.+]+/g)) {  // a hyphen may end a line
           const r = document.createRange(); r.setStart(n, m.index); r.setEnd(n, m.index + m[0].length);
           if (new Set([...r.getClientRects()].map(b => Math.round(b.top))).size > 1) split.push(m[0]);
         }
