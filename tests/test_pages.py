@@ -39,10 +39,13 @@ MEASURE_JS = """() => {
   const main = document.querySelector('main');
   const visible = (e) => e.getClientRects().length > 0;
   // the left edge of each line an element's text is laid out in, top to bottom
-  const lineStarts = (e) => { const r = document.createRange(); r.selectNodeContents(e); const lines = new Map();
-    for (const b of r.getClientRects()) if (b.width > 0) { const y = Math.round(b.top);
-      lines.set(y, Math.min(lines.get(y) ?? Infinity, b.left)); }
-    return [...lines.keys()].sort((a, b) => a - b).map(y => lines.get(y)); };
+  const lineStarts = (e) => { const r = document.createRange(); r.selectNodeContents(e); const lines = [];
+    for (const b of [...r.getClientRects()].filter(b => b.width > 0).sort((a, b) => a.top - b.top)) {
+      const last = lines[lines.length - 1];  // a glyph of another font on the same line sits a pixel or two lower
+      if (!last || b.top > last.top + b.height / 2) lines.push({top: b.top, left: b.left});
+      else last.left = Math.min(last.left, b.left);
+    }
+    return lines.map(l => l.left); };
   const wide = (sel) => [...main.querySelectorAll(sel)].filter(e => e.scrollWidth > e.clientWidth + 1)
     .map(e => e.textContent.trim().slice(0, 60));
   return {
