@@ -46,11 +46,13 @@ MEASURE_JS = """() => {
       else last.left = Math.min(last.left, b.left);
     }
     return lines.map(l => l.left); };
-  const wide = (sel) => [...main.querySelectorAll(sel)].filter(e => e.scrollWidth > e.clientWidth + 1)
+  const wide = (sel, keep = () => true) => [...main.querySelectorAll(sel)]
+    .filter(e => keep(e) && e.scrollWidth > e.clientWidth + 1)
     .map(e => e.textContent.trim().slice(0, 60));
   return {
     page: document.documentElement.scrollWidth, viewport: window.innerWidth,
-    code: wide('div.cell_input pre'), outputs: wide('div.cell_output :not(.book-columns) > pre'),
+    code: wide('div.cell_input pre'),
+    outputs: wide('div.cell_output pre', (e) => !e.closest('.book-columns')),  // a printed table may scroll
     columns: [...main.querySelectorAll('div.cell_output .book-columns pre')].filter(visible)
       .map(e => [e.textContent.replace(/\\n$/, '').split('\\n').length, lineStarts(e).length,
                  e.textContent.slice(0, 60)]),
