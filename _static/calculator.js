@@ -37,6 +37,8 @@
   // The chapter's own example (8 × H100, a 1B model on the book's tokenizer): python code/budget.py --d-model 2048 --n-layer 20 ...
   const INITIAL = { "--d-model": "2048", "--n-layer": "20", "--gpus": "8", "--gpu": "H100", "--mfu": "0.4",
                     "--seq-len": "2048", "--micro-batch": "8" };
+  // What a named --model decides itself: emptied when the reader chooses one (the micro-batch is set apart)
+  const NAMED_MODEL_CLEARS = ["--params", "--d-model", "--n-layer", "--n-head", "--vocab-size", "--seq-len"];
   const PART_COLORS = ["#3b6fb6", "#6d9fd8", "#a3c4ea", "#3f8f4e", "#7fb86a", "#b5d88e", "#8e6bb8",
                        "#d9722b", "#f0ae6e", "#b04a5a", "#777777", "#c9b037"];
   const SCHEME_COLORS = ["#3b6fb6", "#d9722b", "#3f8f4e", "#b04a5a", "#8e6bb8"];
@@ -58,7 +60,11 @@ def calculator_describe():
                           choices=[str(c) for c in a.choices] if a.choices else None,
                           default=None if a.default is None or a.nargs == 0 else str(a.default),
                           help=a.help or "", group=exclusive.get(id(a))))
-    return json.dumps(dict(flags=flags, schemes=list(memory.SCHEME_NAMES.values()),
+    # a named model's own micro-batch: the reference scenario's it is named after (budget.MODELS takes
+    # the 1.3B and 7B shapes from REFERENCE[1:] the same way); GPT-2's sizes and the book's have none
+    own_batch = {sc.label.split()[0]: str(sc.micro_batch) for sc in budget.REFERENCE[1:]}
+    models = {k: dict(micro_batch=own_batch.get(k)) for k in budget.MODELS}
+    return json.dumps(dict(flags=flags, schemes=list(memory.SCHEME_NAMES.values()), models=models,
                            gpus=[dict(name=g.name, tflops=g.peak_flops / 1e12, memory_gb=g.memory_gb)
                                  for g in gpus.CATALOG]))
 
@@ -156,6 +162,23 @@ def calculator_run(argv_json):
     status.className = "calc-status";
     status.hidden = true;
     root.append(form, h("div", { class: "calc-results", "aria-live": "polite" }, command, error, output, plots));
+
+    // A named model is a shape, a vocabulary and a context: choosing one empties the boxes that would
+    // contradict it (the shape is refused beside --model, a typed --seq-len or --vocab-size would
+    // override its own) and sets its own micro-batch, or empties the box for the parser's default.
+    const model = form.querySelector('[data-flag="--model"]');
+    if (model) model.addEventListener("change", () => {
+      if (!model.value) return;
+      for (const flag of NAMED_MODEL_CLEARS) {
+        const input = form.querySelector(`[data-flag="${flag}"]`);
+        if (input) input.value = "";
+      }
+      const batch = form.querySelector('[data-flag="--micro-batch"]');
+      if (batch) {
+        batch.value = (describe.models[model.value] || {}).micro_batch || "";
+        batch.dispatchEvent(new Event("input", { bubbles: true }));  // its slider follows
+      }
+    });
 
     let timer = null;
     const schedule = () => { clearTimeout(timer); api.pending = true; timer = setTimeout(compute, DEBOUNCE_MS); };

@@ -9,7 +9,16 @@
   dashes and "..." are never touched.
 - Figure numbers. Sphinx numbers figures across the whole book unless the table of contents is
   numbered (the book's titles carry their own 第N章), so chapter 7's first figure was 图 2.
-  number_figures_by_chapter renumbers them per chapter: 图 6.1, 图 6.2, ... in reading order.
+  number_figures_by_chapter renumbers them per chapter: 图 6.1, 图 6.2, ... in reading order. Sphinx
+  numbers only figure nodes, and myst-nb makes one only for a cell with `mystnb: figure:` metadata, so
+  the figures of a cell without it (chapters 2-4's) had no number: FigureEveryImage wraps each image a
+  cell prints that is in no figure in one, with a caption of one no-break space (Sphinx skips a figure
+  whose caption is empty) that carries the number; the text under the cell describes it, as before.
+  A caption in the cell's metadata is still the better place.
+- Printed tables. book.css wraps the cells' outputs at the column (nothing scrolls sideways), which broke
+  a table printed with aligned columns into lines that no longer line up. MarkColumns gives an output
+  whose lines are such a table (table_like) the class book-columns, and _static/layout.css keeps its
+  lines whole: it scrolls sideways instead.
 - The prompts of a cell whose source is hidden (`hide-input`): myst-nb writes "Show code cell
   source" / "Hide code cell source"; _config.yml gives the Chinese prompt with myst-nb's {type}
   placeholder, and translate_prompts puts the Chinese word for the type in. The theme's search box
@@ -19,6 +28,8 @@
 
 tests/test_pages.py checks each of these on the built pages, in headless Chromium.
 """
+import re
+
 from docutils import nodes
 from sphinx.transforms import SphinxTransform
 from sphinx.transforms.post_transforms import SphinxPostTransform
@@ -76,6 +87,52 @@ class PairQuotes(SphinxTransform):
                     old.parent.replace(old, nodes.Text(new))
 
 
+class FigureEveryImage(SphinxTransform):
+    """Each image a code cell prints, outside any figure, becomes a numbered figure (see the docstring)."""
+
+    default_priority = 500  # as the page is read: Sphinx numbers figures from the stored doctree
+
+    def apply(self, **kwargs) -> None:
+        bundles = [n for n in self.document.findall(nodes.container)
+                   if n.get("nb_element") == "mime_bundle"
+                   and any(str(c.get("mime_type", "")).startswith("image/") for c in n.children)
+                   and not any(isinstance(a, nodes.figure) for a in _ancestors(n))]
+        for bundle in bundles:
+            figure = nodes.figure("", classes=["book-numbered"])
+            bundle.replace_self(figure)
+            figure += bundle
+            figure += nodes.caption("", "\u200b")  # Sphinx numbers no figure whose caption is empty
+            self.document.set_id(figure)
+
+
+COLUMN_GAP = re.compile(r" {2,}| ?\| ?")  # what separates a printed table's columns: 2+ spaces or a bar
+
+
+def table_like(text: str) -> bool:
+    """Whether printed text is a table: at least three of its lines, and half or more of them, have a
+    column gap (two or more spaces, or a bar) that starts or ends at the same position."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) < 3:
+        return False
+    seen = {}
+    for line in lines:
+        edges = {e for m in COLUMN_GAP.finditer(line.rstrip()) if m.start() > 0 for e in (m.start(), m.end())}
+        for e in edges:
+            seen[e] = seen.get(e, 0) + 1
+    return max(seen.values(), default=0) >= max(3, len(lines) / 2)
+
+
+class MarkColumns(SphinxTransform):
+    """A cell's printed output that is a table (table_like) gets the class book-columns (layout.css)."""
+
+    default_priority = 500
+
+    def apply(self, **kwargs) -> None:
+        for block in self.document.findall(nodes.literal_block):
+            if any("cell_output" in a.get("classes", []) for a in _ancestors(block)) and table_like(block.astext()):
+                block["classes"].append("book-columns")
+
+
 def _ancestors(node):
     node = node.parent
     while node is not None:
@@ -130,5 +187,7 @@ def chinese_search_box(app, config) -> None:
 def setup(app) -> None:
     app.connect("config-inited", chinese_search_box)
     app.add_transform(PairQuotes)
+    app.add_transform(FigureEveryImage)
+    app.add_transform(MarkColumns)
     app.add_post_transform(TranslatePrompts)
     app.connect("env-get-updated", number_figures_by_chapter, priority=900)  # after Sphinx's own numbering

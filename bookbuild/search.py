@@ -20,8 +20,12 @@ Then two things in the browser (SEARCH_JS, loaded with Sphinx's language data on
 
 - Scorer.score puts first the chapters the glossary links a term to (chapters/glossary.md's last
   column, in its order: search_terms.glossary_terms), when the query is that term.
-- Each hit's link and excerpt go to the first section of the page whose text contains the query:
-  Sphinx fetches each hit's page for its excerpt anyway, and the section is found in it.
+- Each hit's link and excerpt go to the section of the page that holds the query: the first section
+  below the page's title whose heading holds it, else the one around its first mention below the
+  title (bookSection). Sphinx fetches each hit's page for its excerpt anyway, and the section is found
+  in it. Only the article is read: the page's own tables of contents hold every heading, and when they
+  were read too they matched first, so 15 of 24 first hits opened at the page's top.
+- A synonym the glossary gives for a term (重计算 for 重算: search_terms.synonyms) is searched as the term.
 
 tests/test_search_index.py measures the index and samples words from every chapter;
 tests/test_search_terms.py searches every glossary term in the built book.
@@ -33,7 +37,7 @@ from pathlib import Path
 
 from sphinx.search.zh import SearchChinese
 
-from .search_terms import GLOSSARY, glossary_terms
+from .search_terms import GLOSSARY, glossary_terms, synonyms
 
 NGRAM = 2  # longest Chinese substring indexed; a longer query is looked up as its pieces of this length
 CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
@@ -76,6 +80,7 @@ SEARCH_JS = r"""
 /* bookbuild/search.py: the book's query splitter, the teaching chapter first, hits open at their section. */
 var BOOK_NGRAM = %(ngram)d;
 var BOOK_TEACHES = %(teaches)s;
+var BOOK_SYNONYMS = %(synonyms)s;
 var splitQuery = (query) => {
   const terms = [];
   for (const word of query.split(/[^\p{Letter}\p{Number}_\p{Emoji_Presentation}]+/gu)) {
@@ -98,9 +103,25 @@ if (typeof Scorer !== "undefined") {
     return rank >= 0 ? score + 1000 * (teaches.length - rank) : score;  // above any title or term score
   };
 }
-/* The first section of a page whose text holds the query (both lower case, runs of white space as one). */
+/* The section a hit opens at: the first section below the page's title whose heading holds the query;
+   else the innermost section below the title around its first mention there; else none (the page's top).
+   Only the article is read: the page's own tables of contents (the sidebar's, the print one) hold every
+   heading, and were matched first. Text is compared lower case, runs of white space as one. */
 var bookSection = (root, query) => {
-  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  const article = root.querySelector("article") || root;
+  const sections = [...article.querySelectorAll("section[id]")];
+  if (!query || !sections.length) return null;
+  const top = sections[0];
+  const below = sections.filter((s) => s !== top && top.contains(s));
+  const heading = (s) => {
+    const h = s.querySelector(":scope > h1, :scope > h2, :scope > h3, :scope > h4, :scope > h5, :scope > h6");
+    if (!h) return "";
+    return bookNormal([...h.childNodes].filter((n) => !(n.classList && n.classList.contains("headerlink")))
+      .map((n) => n.textContent).join(""));
+  };
+  const titled = below.find((s) => heading(s).includes(query));
+  if (titled) return titled;
+  const walker = document.createTreeWalker(article, NodeFilter.SHOW_TEXT);
   let flat = "";
   const owner = [];
   for (let n = walker.nextNode(); n; n = walker.nextNode()) {
@@ -113,18 +134,27 @@ var bookSection = (root, query) => {
       owner.push(n);
     }
   }
-  const at = query ? flat.indexOf(query) : -1;
-  const section = at >= 0 ? owner[at].parentElement.closest("section[id]") : null;
-  return section && root.contains(section) ? section : null;
+  for (let at = flat.indexOf(query); at >= 0; at = flat.indexOf(query, at + 1)) {
+    const section = owner[at].parentElement.closest("section[id]");
+    if (section && below.includes(section)) return section;
+  }
+  return null;
 };
+/* The glossary's synonyms (（也叫 …）, search_terms.synonyms) become the term the book writes. */
+var bookCanonical = (query) => Object.keys(BOOK_SYNONYMS).sort((a, b) => b.length - a.length)
+  .reduce((q, word) => q.split(word).join(BOOK_SYNONYMS[word]), query || "");
 if (typeof Search !== "undefined") {
   const sphinxParseQuery = Search._parseQuery;
-  Search._parseQuery = (query) => { Search._bookQuery = query; return sphinxParseQuery(query); };
+  Search._parseQuery = (query) => {
+    query = bookCanonical(query);
+    Search._bookQuery = query;
+    return sphinxParseQuery(query);
+  };
   const sphinxSummary = Search.makeSearchSummary;
   Search.makeSearchSummary = (htmlText, keywords, anchor) => {
     const page = new DOMParser().parseFromString(htmlText, "text/html");
     const main = page.querySelector('[role="main"]');
-    const section = !anchor && main ? bookSection(main, bookNormal(Search._bookQuery)) : null;
+    const section = main ? bookSection(main, bookNormal(Search._bookQuery)) : null;  // before a title's anchor
     const summary = sphinxSummary(htmlText, keywords, section ? "#" + CSS.escape(section.id) : anchor);
     if (section && summary) queueMicrotask(() => {  // the summary is in its list item by now
       const link = summary.parentElement && summary.parentElement.querySelector("a");
@@ -147,9 +177,11 @@ def teaches(srcdir: Path) -> dict[str, list[str]]:
 
 
 def search_js(srcdir: Path) -> str:
-    glossary = (Path(srcdir) / GLOSSARY).is_file()
+    path = Path(srcdir) / GLOSSARY
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
     return SEARCH_JS % {"ngram": NGRAM, "cjk": CJK,
-                        "teaches": json.dumps(teaches(srcdir) if glossary else {}, ensure_ascii=False, sort_keys=True)}
+                        "teaches": json.dumps(teaches(srcdir) if text else {}, ensure_ascii=False, sort_keys=True),
+                        "synonyms": json.dumps(synonyms(text), ensure_ascii=False, sort_keys=True)}
 
 
 def use_book_search(app, config) -> None:

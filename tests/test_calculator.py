@@ -319,3 +319,45 @@ def test_the_sliders_move_the_figures(calculator):
     calculator.wait_for_function("() => !window.budgetCalculator.pending && window.budgetCalculator.last.argv"
                                  ".join(' ') === '--d-model 2048 --n-layer 20 --gpus 64 --micro-batch 4'")
     assert check(calculator.evaluate(SHOWN), config, "DDP") == "text"
+
+
+# ---- a named model on the form as it loads ----
+# The form opens on the chapter's example (a shape, --seq-len 2048, --micro-batch 8). Choosing a named
+# --model there must give what that model gives on the command line: its own shape and context, and
+# its own micro-batch where the reference table gives one (7B: 2), not what the example left in the boxes.
+
+LOADED = {"--d-model": "2048", "--n-layer": "20", "--gpus": "8", "--gpu": "H100", "--mfu": "0.4",
+          "--seq-len": "2048", "--micro-batch": "8"}  # calculator.js's INITIAL
+
+
+def choose_model(page, model, then=()):
+    """The loaded form, then --model chosen as a reader does, then the (flag, value) pairs typed."""
+    page.evaluate(FILL, [LOADED, "DDP"])
+    page.locator('#budget-calculator [data-flag="--model"]').select_option(model)
+    for flag, value in then:
+        page.locator(f'#budget-calculator [data-flag="{flag}"]').fill(value)
+    page.wait_for_function("() => !window.budgetCalculator.pending")
+    return page.evaluate(SHOWN)
+
+
+def test_a_named_model_on_the_loaded_form_is_the_command_lines(calculator):
+    shown = choose_model(calculator, "124M", [("--gpus", "1"), ("--gpu", "RTX3060")])
+    argv = shown["last"]["argv"]
+    assert argv == ["--model", "124M", "--gpus", "1", "--gpu", "RTX3060", "--mfu", "0.4"], argv
+    code, stdout, _ = cli(["--model", "124M", "--gpus", "1", "--gpu", "RTX3060"])  # the same run, typed bare
+    assert code == 0 and shown["output"] == stdout and "11.41" in stdout
+    config = {argv[i]: argv[i + 1] for i in range(0, len(argv), 2)}
+    assert check(shown, config, "DDP") == "text"
+
+
+@pytest.mark.parametrize("model", ["7B", "1.3B", "350M", "book-29M"])
+def test_a_named_model_sets_its_own_micro_batch(calculator, model):
+    shown = choose_model(calculator, model)
+    argv = shown["last"]["argv"]
+    own = {sc.label.split()[0]: str(sc.micro_batch) for sc in budget.REFERENCE[1:]}.get(model)
+    expected = ["--model", model, "--gpus", "8", "--gpu", "H100", "--mfu", "0.4"]
+    assert argv == expected + (["--micro-batch", own] if own else []), argv
+    if model == "7B":
+        assert own == "2"
+    config = {argv[i]: argv[i + 1] for i in range(0, len(argv), 2)}
+    assert check(shown, config, "DDP") == "text"

@@ -5,7 +5,15 @@
   own boxes).
 - Figure text is legible at both widths: each figure is shown at no less than LEGIBLE of its drawn
   size (the figures are drawn at 100 dpi, their text at 7-10 pt, so 10 pt reads at about 9.7 px).
-- Figures are numbered per chapter: 图 N.1, 图 N.2, ... (bookbuild/pages.py).
+- Figures are numbered per chapter: 图 N.1, 图 N.2, ... (bookbuild/pages.py), every one of them, with a
+  caption in the cell's metadata or without (pages.FigureEveryImage).
+- Every table renders as a table: no page's prose shows a Markdown table's rule (|---|), as a
+  text/markdown output parsed by CommonMark did (_config.yml: nb_render_markdown_format).
+- No page links to the general index (the book has no index entries; _config.yml: html_use_index).
+- At 1280 and 390 px (_static/layout.css): a printed table (pages.table_like) keeps one line per line
+  and scrolls instead; a wrapped code line indents its continuation; a word in a table cell is never
+  broken inside (a hyphen may end a line); on a phone a figure fits its column or its caption says it
+  scrolls (_static/layout.js).
 - Quotation marks and dashes: no ”…” (two closing quotes), no en dash the source does not have (so a
   glued "+--+" stays four signs).
 - Glued text carries no Markdown (a backtick or a $ shows literally in a {glue:text} value).
@@ -29,15 +37,53 @@ LEGIBLE = 0.65  # shown width / drawn width of a figure: 10 pt at 100 dpi reads 
 
 MEASURE_JS = """() => {
   const main = document.querySelector('main');
-  const wide = (sel) => [...main.querySelectorAll(sel)].filter(e => e.scrollWidth > e.clientWidth + 1)
+  const visible = (e) => e.getClientRects().length > 0;
+  // the left edge of each line an element's text is laid out in, top to bottom
+  const lineStarts = (e) => { const r = document.createRange(); r.selectNodeContents(e); const lines = [];
+    for (const b of [...r.getClientRects()].filter(b => b.width > 0).sort((a, b) => a.top - b.top)) {
+      const last = lines[lines.length - 1];  // a glyph of another font on the same line sits a pixel or two lower
+      if (!last || b.top > last.top + b.height / 2) lines.push({top: b.top, left: b.left});
+      else last.left = Math.min(last.left, b.left);
+    }
+    return lines.map(l => l.left); };
+  const wide = (sel, keep = () => true) => [...main.querySelectorAll(sel)]
+    .filter(e => keep(e) && e.scrollWidth > e.clientWidth + 1)
     .map(e => e.textContent.trim().slice(0, 60));
   return {
     page: document.documentElement.scrollWidth, viewport: window.innerWidth,
-    code: wide('div.cell_input pre'), outputs: wide('div.cell_output pre'),
+    code: wide('div.cell_input pre'),
+    outputs: wide('div.cell_output pre', (e) => !e.closest('.book-columns')),  // a printed table may scroll
+    columns: [...main.querySelectorAll('div.cell_output .book-columns pre')].filter(visible)
+      .map(e => [e.textContent.replace(/\\n$/, '').split('\\n').length, lineStarts(e).length,
+                 e.textContent.slice(0, 60)]),
+    hanging: [...main.querySelectorAll('div.cell_input pre')].filter(visible).map(e => {
+      const starts = lineStarts(e), x0 = Math.min(...starts);
+      return [e.textContent.replace(/\\n$/, '').split('\\n').length, starts.length,
+              starts.filter(x => x < x0 + 1).length, e.textContent.slice(0, 60)];
+    }),
+    figure_fit: [...main.querySelectorAll('div.cell_output img')].map(i => {
+      const f = i.closest('figure'), c = f && f.querySelector(':scope > figcaption');
+      return [i.getBoundingClientRect().width, f ? f.clientWidth : 0,
+              c ? getComputedStyle(c, '::after').content : '', i.alt.slice(0, 30)];
+    }),
+    split_words: [...main.querySelectorAll('td, th')].flatMap(cell => {
+      const split = [], walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+      for (let n = walker.nextNode(); n; n = walker.nextNode())
+        for (const m of n.nodeValue.matchAll(/[A-Za-z0-9_.+]+/g)) {  // a hyphen may end a line
+          const r = document.createRange(); r.setStart(n, m.index); r.setEnd(n, m.index + m[0].length);
+          if (new Set([...r.getClientRects()].map(b => Math.round(b.top))).size > 1) split.push(m[0]);
+        }
+      return split;
+    }),
     figures: [...main.querySelectorAll('div.cell_output img')]
       .map(i => [i.naturalWidth, i.getBoundingClientRect().width]),
     captions: [...main.querySelectorAll('.caption-number')].map(e => e.textContent.trim()),
+    unnumbered: [...main.querySelectorAll('div.cell_output img')].filter(i => !i.closest('figure')
+      ?.querySelector(':scope > figcaption .caption-number')).map(i => i.alt.slice(0, 40)),
+    index_links: [...document.querySelectorAll('a[href], link[href]')].map(e => e.getAttribute('href'))
+      .filter(h => /genindex/.test(h)),
     text: main.innerText,
+    prose: [...main.querySelectorAll('p, li, td, th')].map(e => e.innerText).join('\\n'),
     glued: [...main.querySelectorAll('.pasted-text')].map(e => e.textContent),
     prompts: [...main.querySelectorAll('details.hide summary p')].map(e => e.textContent.trim()),
     search_box: [...document.querySelectorAll('input[name="q"]')].map(e => e.placeholder),
@@ -91,6 +137,76 @@ def test_figures_are_numbered_by_chapter(measured):
         n = book.chapter_number(md)
         captions = measured[book.docname(md), 1280]["captions"]
         assert captions == [f"图 {n}.{k}" for k in range(1, len(captions) + 1)], (md.name, captions)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_printed_tables_keep_their_columns(measured, width):
+    # an output whose lines are a table (pages.table_like) scrolls rather than wraps: one line per line
+    wrapped = {d: [t for lines, shown, t in m["columns"] if shown > lines]
+               for (d, w), m in measured.items() if w == width}
+    wrapped = {d: t for d, t in wrapped.items() if t}
+    assert sum(len(m["columns"]) for (d, w), m in measured.items() if w == width) > 20
+    assert not wrapped, f"printed tables whose lines wrap at {width} px: {json.dumps(wrapped, ensure_ascii=False)}"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_wrapped_code_indents_its_continuation(measured, width):
+    # lines that start at the cell's left edge: one per source line at most, however many wrap
+    flat = {d: [t for lines, shown, at_left, t in m["hanging"] if shown > lines and at_left > lines]
+            for (d, w), m in measured.items() if w == width}
+    flat = {d: t for d, t in flat.items() if t}
+    assert any(shown > lines for (d, w), m in measured.items() if w == 390 for lines, shown, _, _ in m["hanging"])
+    assert not flat, (f"code cells whose wrapped lines start at the left edge at {width} px: "
+                      f"{json.dumps(flat, ensure_ascii=False)}")
+
+
+def test_figures_fit_a_phone_or_say_that_they_scroll(measured):
+    cut = {d: [alt for shown, box, after, alt in m["figure_fit"] if shown > box + 1 and "滑动" not in after]
+           for (d, w), m in measured.items() if w == 390}
+    cut = {d: c for d, c in cut.items() if c}
+    assert not cut, f"figures wider than a 390 px phone's column that do not say they scroll: {cut}"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_tables_break_between_words(measured, width):
+    split = {d: m["split_words"][:5] for (d, w), m in measured.items() if w == width and m["split_words"]}
+    assert not split, f"words broken across lines in table cells at {width} px: {split}"
+
+
+def test_table_like():
+    assert pages.table_like("dtype     bits        max\nfloat32     32    3.4e+38\nbfloat16    16    3.4e+38\n")
+    assert pages.table_like("| a | b |\n| 1 | 2 |\n| 3 | 4 |\n")
+    assert not pages.table_like("k=2: micro-batch 16\nthe loss is lower\nsame loss: True\n")
+    assert not pages.table_like("fp32 eager   432.7 ms\nfp32 compile 330.2 ms\n")  # two lines: no table yet
+
+
+def test_every_figure_is_numbered(measured):
+    # a figure whose cell has no `mystnb: figure:` caption is numbered too (pages.FigureEveryImage)
+    found = {d: m["unnumbered"] for (d, w), m in measured.items() if w == 1280 and m["unnumbered"]}
+    assert not found, f"figures without a 图 N.M number: {json.dumps(found, ensure_ascii=False)}"
+
+
+def test_no_page_links_to_an_empty_index(measured):
+    # the book has no index entries: Sphinx's genindex page was empty, linked from every page's head
+    found = {d: m["index_links"] for (d, w), m in measured.items() if w == 1280 and m["index_links"]}
+    assert not found, f"pages that link to the general index: {found}"
+
+
+TABLE_RULE = re.compile(r"\|\s*:?-{3,}:?\s*\|")
+
+
+def test_a_table_rule_is_found_in_text():
+    assert TABLE_RULE.search("| model | N |\n|---|---:|") and TABLE_RULE.search("| :--- | --- |")
+    assert not TABLE_RULE.search("损失从 3.2 降到 2.9 --- 见上表") and not TABLE_RULE.search("a | b")
+
+
+def test_every_table_renders_as_a_table(measured):
+    # a text/markdown output (display(Markdown(table))) is parsed as MyST, which has tables
+    # (_config.yml: nb_render_markdown_format); CommonMark, myst-nb's default, showed the pipes as text
+    # the page's prose (paragraphs, list items, table cells); a code cell may well hold a table's source
+    found = {d: TABLE_RULE.findall(m["prose"])[:3] for (d, w), m in measured.items() if w == 1280}
+    found = {d: f for d, f in found.items() if f}
+    assert not found, f"pages whose text shows a Markdown table's rule (a table that did not render): {found}"
 
 
 def _source_text(docname: str) -> str:

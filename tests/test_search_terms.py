@@ -175,3 +175,44 @@ def test_a_hit_opens_at_the_section_that_holds_the_word(site, browser, word):  #
         assert not errors, f"console errors: {errors}"
     finally:
         page.close()
+
+
+# Words a section heading carries (the reader pass found their first hit at the page's top: the page's own
+# table of contents was matched first), and a synonym the glossary gives (重计算 for the book's 重算).
+FIRST_HIT_WORDS = ["续跑", "冒烟测试", "主权重", "全局批次", "分词器", "重计算"]
+FIRST_HIT_JS = """() => { const a = document.querySelector('#search-results ul.search li a');
+  return a && a.dataset.section ? [a.href, a.dataset.section] : null; }"""
+
+
+@pytest.mark.parametrize("word", FIRST_HIT_WORDS)
+def test_the_first_hit_opens_at_a_section_below_the_title(site, browser, word):  # noqa: F811
+    page, errors = open_page(browser, f"{site}/search.html?q={quote(word)}")
+    try:
+        page.wait_for_function("() => { const s = document.querySelector('#search-results p.search-summary');"
+                               " return s && s.innerText.trim().length > 0; }", timeout=30_000)
+        try:
+            href, section = page.wait_for_function(FIRST_HIT_JS, timeout=15_000).json_value()
+        except Exception:
+            first = page.eval_on_selector_all("#search-results ul.search li a", "as => as.map(a => a.href)")[:1]
+            raise AssertionError(f"{word!r}: the first hit {first} opens at no section") from None
+        term = search_terms.synonyms(GLOSSARY).get(word, word)
+        target = browser.new_page()
+        try:
+            target.goto(href, wait_until="networkidle")
+            top, text = target.evaluate("id => [document.querySelector('article section[id]').id,"
+                                        " document.getElementById(decodeURIComponent(id)).innerText]", section)
+            assert section != top, f"{word!r}: {href} opens at the page's top section"
+            assert term in text, f"{word!r}: section #{section} of {href} does not hold {term!r}"
+        finally:
+            target.close()
+        assert not errors, f"console errors: {errors}"
+    finally:
+        page.close()
+
+
+def test_synonyms_are_read_from_the_glossary():
+    text = ("| 术语 | 英文 | 定义 | 章节 |\n|---|---|---|---|\n"
+            "| 重算（也叫重计算、激活重计算） | recomputation | … | [第5章](05_accumulation.md) |\n")
+    assert search_terms.synonyms(text) == {"重计算": "重算", "激活重计算": "重算"}
+    assert search_terms.glossary_terms(text) == [(["重算", "重计算", "激活重计算"], ["chapters/05_accumulation"])]
+    assert search_terms.synonyms(GLOSSARY).get("重计算") == "重算"
