@@ -274,6 +274,12 @@ class Spec:
     resume_as: "Spec | None" = None  # how the stopped run resumes (its launcher and script flags)
     group: str | None = None  # runs that must end equal within TOL (same data, batch, shape, precision)
 
+    def resumes_as_is(self) -> bool:
+        """Whether the stopped run resumes on the same processes, scheme and options (then bitwise)."""
+        r = self.resume_as
+        return r is not None and (r.launches, r.per_node, r.micro, r.accum, r.printed, r.extra) == (
+            self.launches, self.per_node, self.micro, self.accum, self.printed, self.extra)
+
     @property
     def world(self) -> int:
         return self.launches * self.per_node
@@ -388,8 +394,18 @@ def pairwise_specs(strength: int = 2) -> list:
                  *(("--precision", row["precision"]) if row["precision"] != "fp32" else ()))
         micro = PAIRWISE_SEQUENCES // (launches * per_node * row["accum"])
         specs.append(Spec(f"{'s' if strength == 1 else 'w'}{i + 1}", [], replace(base, args=args), launches, per_node,
-                          row["accum"], micro, options=row, extra=extra, group=row["precision"]))
+                          row["accum"], micro, options=row, extra=extra, group=group_of(row)))
     return assign_checks(specs)
+
+
+def group_of(row: dict) -> str:
+    """Runs that end equal within TOL: fp32 whatever the scheme, processes, compile or checkpointing;
+    16-bit only under the same casts (autocast over fp32 weights for DDP and one process, FSDP2's
+    param_dtype for the sharded schemes) and the same compilation (inductor computes in fp32 between kernels)."""
+    if row["precision"] == "fp32":
+        return "fp32"
+    sharded = row["scheme"] != "ddp" and LAUNCHES[row["launch"]] != (1, 1)
+    return f"{row['precision']}, {'FSDP2 param_dtype' if sharded else 'autocast'}{', compiled' * row['compile']}"
 
 
 def resumed_elsewhere(spec: Spec, other: Spec) -> Spec:
@@ -577,8 +593,9 @@ def check_held(o: Outcome, cmd: Command, launches: int) -> str | None:
 
 
 def check_finished(o: Outcome, world: int, out: Path) -> str | None:
-    if o.timed_out or len(o.statuses) != world or set(o.statuses.values()) != {0}:
-        return why(o) if any(o.statuses.values()) or len(o.statuses) != world else f"statuses {o.statuses}"
+    """None if every worker exited 0 after --steps and model.pt is written; else the error."""
+    if o.timed_out or sorted(o.statuses.values()) != [0] * world:
+        return f"{why(o)} (worker statuses {dict(sorted(o.statuses.items()))})"
     if f"done: {STEPS} steps" not in o.stdout or not (out / "model.pt").is_file():
         return f"did not reach {STEPS} steps: {why(o)}"
     return None
@@ -687,8 +704,7 @@ def execute(spec: Spec, work: Path) -> dict:
     if problem:
         return finish(f"resume as {r.flags()}: {problem}")
     d = difference(out, cut)
-    same = (r.command(out, data, 0).args, r.launches, r.per_node) == (spec.command(out, data, 0).args,
-                                                                      spec.launches, spec.per_node)
+    same = spec.resumes_as_is()
     if same and d != 0:
         problems.append(f"resumed on the same processes and scheme: max |Δθ| {d:.1e}, not bitwise")
     elif d >= TOL:

@@ -153,3 +153,26 @@ def test_the_subset_runs_every_flag_and_passes_every_check(tmp_path):
     assert r.returncode == 0 and not report["failed"], r.stdout[-3000:] + r.stderr[-2000:]
     assert len(report["runs"]) == len(specs) and all(x["result"] == "ok" for x in report["runs"])
     assert (out.with_suffix(".md")).read_text().startswith("| run | plan | flags |")
+
+
+def test_every_resume_keeps_the_global_batch_and_the_precision():
+    plans, _ = rehearse.plan_specs(models=("124M", "1.3B"))
+    specs = rehearse.pairwise_specs() + rehearse.plan_checks(plans)
+    resumed = [s for s in specs if s.resume_as is not None]
+    assert resumed and all("stop" in s.checks and "resume" in s.checks for s in resumed)
+    assert any(s.resumes_as_is() for s in resumed) and any(not s.resumes_as_is() for s in resumed)
+    for s in resumed:
+        r = s.resume_as
+        assert r.micro * r.world * r.accum == s.micro * s.world * s.accum, (s.name, r.name)
+        assert rehearse.value(r.extra, "--precision") == rehearse.value(s.extra, "--precision")
+    elsewhere = {(s.resume_as.world, rehearse.scheme_of(s.resume_as.printed.args)) for s in resumed
+                 if not s.resumes_as_is()}
+    assert len(elsewhere) >= 3, elsewhere
+
+
+def test_16_bit_runs_are_compared_only_under_the_same_casts():
+    row = {"launch": "2", "scheme": "zero3", "precision": "fp16", "compile": False}
+    assert rehearse.group_of(row) != rehearse.group_of({**row, "scheme": "ddp"})
+    assert rehearse.group_of(row) != rehearse.group_of({**row, "compile": True})
+    assert rehearse.group_of({**row, "precision": "fp32"}) == rehearse.group_of(
+        {**row, "precision": "fp32", "scheme": "ddp", "compile": True})
