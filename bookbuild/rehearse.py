@@ -762,7 +762,18 @@ def matrix(subset: bool = False) -> tuple:
     if subset:  # every value once, and the first printed flag set that shards
         sharded = next(s for s in plans if s.checks != ("parse",) and scheme_of(s.printed.args) != "ddp")
         return pairwise_specs(strength=1) + [replace(sharded, checks=("steps", "held"), resume_as=None)], notes
-    return pairwise_specs() + plans, notes
+    return pairwise_specs() + plans + compiled_twins(plans), notes
+
+
+def compiled_twins(plans: list) -> list:
+    """As a GPU runs them (compile is on by default on CUDA): the first printed DDP flag set on several
+    processes and the first sharded one with --checkpoint-activations, with --compile."""
+    ran = [s for s in plans if s.checks != ("parse",)]
+    picks = [next((s for s in ran if scheme_of(s.printed.args) == "ddp" and s.world > 1), None),
+             next((s for s in ran if scheme_of(s.printed.args) != "ddp" and "--checkpoint-activations" in
+                   s.printed.args), None)]
+    return [replace(s, name=f"{s.name}c", extra=("--compile",), checks=("steps", "held"), resume_as=None)
+            for s in picks if s is not None]
 
 
 def main(argv=None) -> int:
@@ -791,23 +802,29 @@ def main(argv=None) -> int:
             work.mkdir(parents=True, exist_ok=True)
         else:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rehearse-")))
-        for s in specs:
+        for i, s in enumerate(specs):
             row = execute(s, work)
             rows.append(row)
             print(f"{row['run']:6s} {row['flags']:60s} {row['result'][:160]} ({row['seconds']:.0f} s, "
                   f"CPU {row['cpu_s']:.0f} s)", flush=True)
+            if i + 1 < len(specs):  # a table so far (the equal checks come at the end), in case the rest never does
+                write_report(rows, summary(notes, rows, t0, len(specs)), args.output)
         compare_groups(specs, rows)
-    total = time.perf_counter() - t0
-    failed = [r["run"] for r in rows if r["result"] != "ok"]
-    cpu = sum(r["cpu_s"] for r in rows)
-    extra = {**notes, "failed": failed, "total_s": round(total, 1), "cpu_s": round(cpu, 1), "tol": TOL,
-             "steps": STEPS, "shape": SHAPE, "shape_fp16": SHAPE_FP16,
-             "schemes": {k: " ".join(v) for k, v in budget.SHARD_FLAGS.items()}}
+    extra = summary(notes, rows, t0, len(specs))
     print(table(rows))
-    print(f"\n{len(rows)} runs in {total:.0f} s ({cpu:.0f} CPU s: at least {cpu / 2:.0f} s on 2 idle cores); "
-          f"{len(failed)} failed: {', '.join(failed) or 'none'}")
+    print(f"\n{len(rows)} runs in {extra['total_s']:.0f} s ({extra['cpu_s']:.0f} CPU s: at least "
+          f"{extra['cpu_s'] / 2:.0f} s on 2 idle cores); {len(extra['failed'])} failed: "
+          f"{', '.join(extra['failed']) or 'none'}")
     write_report(rows, extra, args.output)
-    return 1 if failed else 0
+    return 1 if extra["failed"] else 0
+
+
+def summary(notes: dict, rows: list, t0: float, planned: int) -> dict:
+    return {**notes, "finished": f"{len(rows)} of {planned} runs",
+            "failed": [r["run"] for r in rows if r["result"] != "ok"],
+            "total_s": round(time.perf_counter() - t0, 1), "cpu_s": round(sum(r["cpu_s"] for r in rows), 1),
+            "tol": TOL, "steps": STEPS, "shape": SHAPE, "shape_fp16": SHAPE_FP16,
+            "schemes": {k: " ".join(v) for k, v in budget.SHARD_FLAGS.items()}}
 
 
 if __name__ == "__main__":
