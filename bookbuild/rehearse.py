@@ -70,7 +70,8 @@ SHAPE_FP16 = {**SHAPE, "--d-model": 32}  # fp16 matmuls are ~65x slower than fp3
 STEPS = 14  # the stop flag is polled every 10 steps: a stop heard before step 10 leaves 4 to resume
 PAIRWISE_SEQUENCES = 8  # the pairwise runs' global batch, in sequences: every world and accumulation divides it
 TOL = 1e-5  # tests/test_train_gpu.py's TOL, measured there above the summation-order noise
-LAUNCH_TIMEOUT_S = 420
+LAUNCH_TIMEOUT_S = 420  # a launch that takes longer is killed (REHEARSE_TIMEOUT_S changes it, for a loaded machine)
+TIMEOUT_VAR = "REHEARSE_TIMEOUT_S"
 JOIN_TIMEOUT_S = 60
 STATUS_VAR = "REHEARSE_STATUS_DIR"
 # each worker writes the status it exits with (torchrun does not report them when it is signalled)
@@ -499,7 +500,7 @@ def _kill_tree(pid: int) -> None:
 
 
 def launch(cmd: Command, launches: int, work: Path, stop_on: str | None = None,
-           timeout_s: float = LAUNCH_TIMEOUT_S) -> Outcome:
+           timeout_s: float | None = None) -> Outcome:
     """Run cmd as `launches` torchrun launches at once (the nodes, on this machine); with stop_on, SIGTERM
     every launcher when a line of the output starts with it."""
     status_dir = Path(tempfile.mkdtemp(prefix="status-", dir=work))
@@ -509,6 +510,7 @@ def launch(cmd: Command, launches: int, work: Path, stop_on: str | None = None,
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0", STATUS_VAR: str(status_dir),
            "PYTHONPATH": os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])}
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(INDUCTOR_CACHE))
+    timeout_s = timeout_s or float(os.environ.get(TIMEOUT_VAR, LAUNCH_TIMEOUT_S))
     t0, cpu0 = time.perf_counter(), _children_cpu()
     procs = [subprocess.Popen(cmd.argv(), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, start_new_session=True) for _ in range(launches)]
@@ -547,7 +549,7 @@ def launch(cmd: Command, launches: int, work: Path, stop_on: str | None = None,
 def why(o: Outcome) -> str:
     """The error's last line: a one-sentence refusal, else the exception a worker ended with."""
     if o.timed_out:
-        return f"no end within {LAUNCH_TIMEOUT_S} s"
+        return f"no end within {os.environ.get(TIMEOUT_VAR, LAUNCH_TIMEOUT_S)} s (the launch was killed)"
     lines = [x.strip() for x in (o.stderr + o.stdout).splitlines() if x.strip()]
     said = [x for x in lines if x.startswith("error: ")]
     if said:
