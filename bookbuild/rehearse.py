@@ -36,7 +36,9 @@ state_bytes of train_gpu's own planned_run) to the 0.01 MiB it prints. Some runs
 Each worker's status is recorded by a sitecustomize put on PYTHONPATH, which wraps sys.exit: torchrun
 reports no worker's status when it is itself signalled. A combination that fails says why, from the
 error's last line. Output: a table (run, plan, flags, checks, result, seconds), printed and written to
-_build/rehearsal.json and _build/rehearsal.md. torch.compile's cache is shared (_build/rehearsal/inductor).
+_build/rehearsal.json and _build/rehearsal.md (after every run, so an interrupted one leaves a table).
+torch.compile's cache is shared (_build/rehearsal/inductor). A launch is killed after LAUNCH_TIMEOUT_S
+(REHEARSE_TIMEOUT_S changes it: on a loaded machine a first compile can outlast it); --only runs some.
 """
 import argparse
 import contextlib
