@@ -556,7 +556,7 @@ def why(o: Outcome) -> str:
     said = [x for x in lines if x.startswith("error: ")]
     if said:
         return said[-1][:300]
-    raised = [x for x in lines if re.match(r"^([a-z_]\w*\.)*[A-Z]\w*: ", x + " ") and "ChildFailedError" not in x]
+    raised = [x for x in lines if re.match(r"^([a-z_]\w*\.)*[A-Z]\w*: \S", x) and "ChildFailedError" not in x]
     return (raised[-1] if raised else lines[-1] if lines else "no output")[:300]
 
 

@@ -181,7 +181,7 @@ def test_16_bit_runs_are_compared_only_under_the_same_casts():
 def test_a_failure_is_said_by_the_error_s_last_line():
     tb = ("Traceback (most recent call last):\n  File \"x.py\", line 1\ntorch._dynamo.exc.Unsupported: "
           "a graph break\n[rank0]: more\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
-          "=====\n")
+          "=====\nFailures:\n  <NO_OTHER_FAILURES>\n")  # torchrun's report, after the worker's error
     assert rehearse.why(rehearse.Outcome("", tb, {}, 0, False, False)) == "torch._dynamo.exc.Unsupported: a graph break"
     said = rehearse.Outcome("", "error: --d-model 5 must split into --n-head 2 heads\n" + tb, {}, 0, False, False)
     assert rehearse.why(said).startswith("error: --d-model 5")
