@@ -5,6 +5,7 @@
     python -m bookbuild.gpu_run [--copy-to DIR]     # on a GPU: run the cuda cells, store their outputs
     python -m bookbuild.portability [NN_name.md ...] # nbval under other CPUs' kernels, with each assert's margin
     python -m bookbuild.pdf                         # the book as a PDF, _build/pdf/, from the execution cache
+    python -m bookbuild.rehearse [--subset]         # the budget's printed commands, shrunk, run on this CPU
 
 What lives where:
 
@@ -27,6 +28,11 @@ What lives where:
 - portability.py the portability run (`python -m bookbuild.portability`): what each kernel configuration
                  (native, no AMX, AVX2, 1 and 4 threads) changes on this CPU, then nbval over chapters
                  under each, with the margins of their measure.check asserts.
+- rehearse.py    the rehearsal (`python -m bookbuild.rehearse`): every train_gpu.py command code/budget.py
+                 prints for its named models on common GPUs, and a pairwise covering set of the options
+                 (schemes, --grad-sync, checkpointing, compile, fp16, 1/2/4 processes, 2 nodes), parsed
+                 by torchrun's and train_gpu.py's own parsers, shrunk and run with gloo; checks the held
+                 bytes against the ledger, a SIGTERM's exit 75 and checkpoint, resumes; a table in _build/.
 - pyodide.py     chapter 12's calculator: the pinned Pyodide (npm package, version and integrity), fetched
                  and cached under _build/, and budget.py with the modules it imports, copied from code/
                  into the HTML's _static/ at every build.
