@@ -201,7 +201,8 @@ def test_sharded_init_equals_the_unsharded_one(tmp_path):
     try:
         with torch.device("meta"):
             sharded = GPT(cfg)
-        train_gpu.shard(sharded, argparse.Namespace(shard="fsdp", reshard_after_forward=True), torch.device("cpu"), "fp32")
+        args = argparse.Namespace(shard="fsdp", reshard_after_forward=True)
+        train_gpu.shard(sharded, args, torch.device("cpu"), "fp32")
         sharded.to_empty(device="cpu")
         init_per_parameter(sharded, 7)
         assert all(isinstance(p, DTensor) for p in sharded.parameters())  # the sharded branch ran
