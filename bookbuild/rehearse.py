@@ -253,7 +253,7 @@ def with_scheme(args: tuple, scheme: str, grad_sync, checkpoint: bool) -> tuple:
 def scheme_of(args: tuple) -> str:
     """The budget.SHARD_FLAGS scheme these arguments hold."""
     ns = _parse(script_parser(), list(args))
-    flags = {"ddp": ["--shard", "ddp"], "fsdp": ["--shard", "fsdp"]}[ns.shard]
+    flags = ["--shard", ns.shard]
     if ns.shard == "fsdp" and not ns.reshard_after_forward:
         flags.append("--no-reshard-after-forward")
     return next(s for s, f in budget.SHARD_FLAGS.items() if f == flags)
