@@ -82,6 +82,35 @@ def round_halves(times_s: list, rounds: int) -> tuple:
     return tuple(min(t for r in range(first, rounds, 2) for t in times_s[r * k:(r + 1) * k]) for first in (0, 1))
 
 
+LEAST_SAMPLES = 3  # fewer timed calls than this on either side, and compare() has no spread to judge by
+
+
+def spread(times_s: list) -> float:
+    """How far a typical call is from the best one: median / fastest − 1 (0.05: the median call is 5 %
+    slower). The noise of a set of timed calls of one fn on this machine, under its load now."""
+    return statistics.median(times_s) / min(times_s) - 1
+
+
+def compare(a_s: list, b_s: list, work_a: float = 1.0, work_b: float = 1.0, least: int = LEAST_SAMPLES) -> dict:
+    """The book's one rule for a timing verdict: is b faster than a, beyond the noise?
+
+    a_s, b_s: the timed calls (seconds) of two fns, best taken in turns in one time_steps; work_a, work_b:
+    the work of one call of each (tokens, FLOPs, bytes) where it differs. ratio: b's rate over a's, from
+    each side's fastest call. noise: the larger of the two sides' spread(). The verdict is "faster" only if
+    ratio > 1 + 2·noise, "slower" only if ratio·(1 + 2·noise) < 1, and otherwise "unclear"; with fewer
+    than `least` calls on either side there is no spread to measure, and it is "unclear" whatever the
+    ratio ("samples", the smaller count, says why).
+    Returns {"ratio", "noise", "bound" (1 + 2·noise), "samples", "verdict"}."""
+    samples = min(len(a_s), len(b_s))
+    ratio = (work_b / min(b_s)) / (work_a / min(a_s))
+    noise = max(spread(a_s), spread(b_s)) if samples >= 2 else float("nan")
+    bound = 1 + 2 * noise
+    verdict = "unclear"
+    if samples >= least:
+        verdict = "faster" if ratio > bound else "slower" if ratio * bound < 1 else "unclear"
+    return {"ratio": ratio, "noise": noise, "bound": bound, "samples": samples, "verdict": verdict}
+
+
 def fit_calls(budget_s: float, call_s: float, most: int, least: int = 1) -> int:
     """How many calls of call_s seconds fit in budget_s: between `least` and `most`."""
     fit = int(budget_s // call_s) if call_s > 0 else most
@@ -371,9 +400,9 @@ def about(seconds: float) -> str:
 
 def estimate_run_time(chapter: str) -> None:
     """Glue `chN_run_estimate` (N: the chapter's number) with how long the chapter should run here: the
-    run that stored its outputs (RUN_TIMES) scaled by how much slower or faster a training step is on
-    this machine now (calibration_step_s, about a second). A rough estimate: the probes that stop at a
-    time budget do not scale with the machine."""
+    reference run (RUN_TIMES, the refresh that stored the .ipynb's outputs) scaled by how much slower or
+    faster a training step is on this machine now (calibration_step_s, about a second). A rough estimate:
+    the probes that stop at a time budget do not scale with the machine."""
     stored = json.loads(RUN_TIMES.read_text(encoding="utf-8")).get(chapter) if RUN_TIMES.is_file() else None
     here = calibration_step_s()
     number = int(chapter.split("_")[0])
@@ -384,12 +413,13 @@ def estimate_run_time(chapter: str) -> None:
         return
     ratio = here / stored["step_s"]
     estimate = stored["seconds"] * ratio
+    # a forecast only: the time of the run whose outputs a page shows is stated once, by that run's own
+    # record (bookbuild/provenance.py's sentence at the top of the built page), not here as well
     glue_measured(f"ch{number}_run_estimate",
-                  f"{about(estimate)}（存下本页输出的那次运行用了 {stored['seconds']:.0f} 秒；"
-                  f"这台机器此刻训练一步的时间是那台机器的 {ratio:.2f} 倍，按这个比例推算）")
+                  f"预计{about(estimate)}（这台机器此刻训练一步的时间是仓库里参考运行那台机器的 {ratio:.2f} 倍，"
+                  f"参考运行的用时按这个比例换算）")
     print(f"calibration: one training step takes {here * 1e3:.0f} ms here, {stored['step_s'] * 1e3:.0f} ms on "
-          f"the machine that stored this chapter's outputs ({stored['seconds']:.0f} s there); "
-          f"estimated run time here: {estimate:.0f} s")
+          f"the machine of the reference run; estimated run time here: {estimate:.0f} s")
 
 
 def peak_memory(fn) -> int:

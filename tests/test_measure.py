@@ -325,7 +325,8 @@ def test_estimate_run_time_scales_the_stored_run_by_the_calibration(monkeypatch,
     assert "还没有存下的运行" in glued["ch7_run_estimate"]
     (tmp_path / "run_times.json").write_text(json.dumps({"07_comm_fsdp": {"seconds": 100.0, "step_s": 0.15}}))
     measure.estimate_run_time("07_comm_fsdp")  # twice as slow here: 200 s
-    assert glued["ch7_run_estimate"].startswith("约 3 分钟（") and "2.00 倍" in glued["ch7_run_estimate"]
+    assert glued["ch7_run_estimate"].startswith("预计约 3 分钟（") and "2.00 倍" in glued["ch7_run_estimate"]
+    assert "100" not in glued["ch7_run_estimate"]  # the reference run's own time is stated once, by provenance
 
 
 def test_calibration_step_is_a_positive_time():
@@ -338,3 +339,19 @@ def test_glue_values_glues_each_value_under_the_prefix(monkeypatch):
     monkeypatch.setattr(myst_nb, "glue", lambda name, value, display: glued.__setitem__(name, (value, display)))
     measure.glue_values("ch7_", {"a": 1, "b": "x"}, c=2.5)
     assert glued == {"ch7_a": (1, False), "ch7_b": ("x", False), "ch7_c": (2.5, False)}
+
+
+def test_compare_says_faster_only_beyond_twice_the_spread_and_with_three_samples():
+    a = [1.00, 1.02, 1.10]  # spread: median 1.02 / fastest 1.00 − 1 = 2 %
+    b = [0.90, 0.91, 0.95]  # spread 1.1 %; b's best is 1.00/0.90 = 1.11× a's rate
+    c = measure.compare(a, b)
+    assert c["noise"] == pytest.approx(0.02) and c["bound"] == pytest.approx(1.04)
+    assert c["ratio"] == pytest.approx(1 / 0.9) and c["verdict"] == "faster" and c["samples"] == 3
+    assert measure.compare(b, a)["verdict"] == "slower"  # the same pair the other way round
+    noisy = [0.90, 1.00, 1.20]  # spread 11 %: 1.11× is inside 1 + 2·0.11
+    assert measure.compare(a, noisy)["verdict"] == "unclear"
+    assert measure.compare([1.0, 1.0], [0.5, 0.5])["verdict"] == "unclear"  # two calls each: no spread to judge
+    assert measure.compare([1.0], [0.1])["verdict"] == "unclear" and math.isnan(measure.compare([1.0], [0.1])["noise"])
+    # different work per call: b does twice the tokens in 1.5× the time, so its rate is 4/3 of a's
+    w = measure.compare([1.0, 1.0, 1.0], [1.5, 1.5, 1.5], work_a=1, work_b=2)
+    assert w["ratio"] == pytest.approx(4 / 3) and w["verdict"] == "faster"
