@@ -576,9 +576,18 @@ def ledger_parts(cmd: Command, launches: int) -> dict:
     from memory import run_state_bytes
     from shapes import param_count
     args = train_gpu.build_parser().parse_args(list(cmd.args))
-    world = launches * world_of(cmd.launcher)[1]
-    accum = args.global_batch_tokens // (args.micro_batch * args.seq_len * world)
-    run = train_gpu.planned_run(args, world, accum, resolve_precision(args.precision, torch.device("cpu")))
+    per_node = world_of(cmd.launcher)[1]
+    world = launches * per_node
+    saved = os.environ.get("LOCAL_WORLD_SIZE")
+    os.environ["LOCAL_WORLD_SIZE"] = str(per_node)  # as torchrun sets it in each launch: HSDP's shard group
+    try:
+        accum = train_gpu.check_args(args, world)
+        run = train_gpu.planned_run(args, world, accum, resolve_precision(args.precision, torch.device("cpu")))
+    finally:
+        if saved is None:
+            os.environ.pop("LOCAL_WORLD_SIZE")
+        else:
+            os.environ["LOCAL_WORLD_SIZE"] = saved
     state = run_state_bytes(run, param_count(args.d_model, args.n_layer, args.vocab_size))
     parts = {k: state[k] / 2**20 for k in ("weights", "grads", "optimizer")}
     return {**{k: f"{v:,.2f}" for k, v in parts.items()}, "in all": f"{sum(parts.values()):,.2f}"}
