@@ -34,7 +34,7 @@ PAGE = "chapters/12_budget.html"
 FLAGS = [a for a in budget.build_parser()._actions if a.option_strings and a.dest != "help"]
 SWITCHES = {max(a.option_strings, key=len) for a in FLAGS if a.nargs == 0}
 ORDER = [max(a.option_strings, key=len) for a in FLAGS]
-SCHEMES = list(memory.SCHEME_NAMES.values())
+SCHEMES = [memory.SCHEME_NAMES[s] for s in memory.SCHEMES]  # the rows every plan has (HSDP's: only across machines)
 
 
 def argv_of(config: dict) -> list:
@@ -344,8 +344,10 @@ def test_a_named_model_on_the_loaded_form_is_the_command_lines(calculator):
     shown = choose_model(calculator, "124M", [("--gpus", "1"), ("--gpu", "RTX3060")])
     argv = shown["last"]["argv"]
     assert argv == ["--model", "124M", "--gpus", "1", "--gpu", "RTX3060", "--mfu", "0.4"], argv
-    code, stdout, _ = cli(["--model", "124M", "--gpus", "1", "--gpu", "RTX3060"])  # the same run, typed bare
+    code, stdout, _ = cli(argv)  # the form's command line (its note names it, --mfu 0.4 included)
     assert code == 0 and shown["output"] == stdout and "11.41" in stdout
+    bare = cli(["--model", "124M", "--gpus", "1", "--gpu", "RTX3060"])[1]  # the same run, typed bare
+    assert bare.replace(" --mfu 0.4", "") == stdout.replace(" --mfu 0.4", "")
     config = {argv[i]: argv[i + 1] for i in range(0, len(argv), 2)}
     assert check(shown, config, "DDP") == "text"
 
