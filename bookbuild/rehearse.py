@@ -25,7 +25,7 @@ accumulation 1 and 2: the product is too large, so covering() picks runs greedil
 option values that some valid run holds appears in one of them (the subset: every value once).
 
 The checks. Every run: it reaches --steps with status 0 from every worker, and the line "state held by
-process 0 ..." after its first step gives, part by part and in all, the ledger's bytes (memory.run_
+process 0 ..." after its first step gives, part by part and in all, the ledger's bytes (shapes.run_
 state_bytes of train_gpu's own planned_run) to the 0.01 MiB it prints. Some runs (the table's checks):
   stop    a second launch gets SIGTERM (torchrun forwards it) before its first step (after it, when
           compiled): every worker exits 75, run.json says 75, no model.pt, the newest checkpoint is
@@ -568,13 +568,11 @@ HELD = re.compile(r"state held by process 0, counted from its local shards: weig
 
 def ledger_parts(cmd: Command, launches: int) -> dict:
     """The ledger's weights, grads and optimizer state for process 0 of this run, in MiB as the script
-    prints them, and their sum: train_gpu's planned_run, memory.run_state_bytes."""
+    prints them, and their sum: train_gpu's planned_run, shapes.run_state_bytes."""
     import torch
 
     import train_gpu
-    from device import resolve_precision
-    from memory import run_state_bytes
-    from shapes import param_count
+    from shapes import param_count, run_state_bytes
     args = train_gpu.build_parser().parse_args(list(cmd.args))
     per_node = world_of(cmd.launcher)[1]
     world = launches * per_node
@@ -582,7 +580,8 @@ def ledger_parts(cmd: Command, launches: int) -> dict:
     os.environ["LOCAL_WORLD_SIZE"] = str(per_node)  # as torchrun sets it in each launch: HSDP's shard group
     try:
         accum = train_gpu.check_args(args, world)
-        run = train_gpu.planned_run(args, world, accum, resolve_precision(args.precision, torch.device("cpu")))
+        precision = train_gpu.resolve_precision(args.precision, torch.device("cpu"))
+        run = train_gpu.planned_run(args, world, accum, precision)
     finally:
         if saved is None:
             os.environ.pop("LOCAL_WORLD_SIZE")

@@ -7,8 +7,8 @@ Each non-empty line is one document: its tokens followed by the end-of-text id, 
 token files. The tokenizer is written beside the ids (data/big.tokenizer.model), where train_gpu.py
 finds it for bits per byte and samples.
 
---train-tokenizer trains a new SentencePiece tokenizer on the reader's text first (data.py,
-READER_TOKENIZER_SETTINGS): the trainer streams the lines once and keeps a random sample of
+--train-tokenizer trains a new SentencePiece tokenizer on the reader's text first
+(READER_TOKENIZER_SETTINGS): the trainer streams the lines once and keeps a random sample of
 --sample-lines of them, so a corpus of many GB never has to fit in memory. Every line decodes back
 to itself exactly (spaces, English, Chinese, emoji, any UTF-8), with one exception SentencePiece
 cannot avoid: the character U+2581 "▁" is its space marker and decodes as a space; lines holding it
@@ -23,6 +23,7 @@ The text is read line by line and encoded in chunks, and the ids are
 appended to a temporary file that is renamed to --out at the end, so a corpus of many GB needs only a
 chunk's worth of memory, and an interrupted run never leaves a half-written --out behind.
 """
+import io
 import os
 import sys
 from pathlib import Path
@@ -30,10 +31,46 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from data import CorpusError, load_tokenizer, tokenizer_path_for, train_reader_tokenizer  # noqa: E402
+from data import CorpusError, load_tokenizer, tokenizer_path_for  # noqa: E402
 from script_support import Parser, atomic_write, fail, output_problem, positive_int  # noqa: E402
 
 MAX_LINE_CHARS = 1 << 20  # a longer "line" is cut into pieces of this size rather than read whole
+
+
+# A tokenizer trained on the reader's text: every line must decode to itself, ASCII spaces and
+# English included. identity: no NFKC; no dummy prefix and no whitespace clean-up, so leading,
+# trailing and repeated spaces survive; byte_fallback: any character the sample missed still
+# encodes (as its UTF-8 bytes); required_chars "▁": the space marker is a piece even in a corpus
+# sample without spaces, otherwise a space would fall back to the bytes of "▁" and decode as "▁".
+READER_TOKENIZER_SETTINGS = dict(
+    model_type="bpe",
+    character_coverage=0.9995,  # the rarest characters go to byte fallback instead of taking ids
+    byte_fallback=True,
+    normalization_rule_name="identity",
+    add_dummy_prefix=False,
+    remove_extra_whitespaces=False,
+    allow_whitespace_only_pieces=True,  # runs of spaces (indentation) can be one token
+    required_chars="\u2581",
+    split_digits=True,
+    unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+    max_sentence_length=1 << 14,  # longer lines are left out of the tokenizer's training sample only
+    shuffle_input_sentence=True,
+    hard_vocab_limit=False,  # a small corpus gets fewer ids than asked for rather than an error
+)
+
+
+
+def train_reader_tokenizer(lines, vocab_size: int, sample_lines: int = 1_000_000, num_threads: int = 1) -> bytes:
+    """Train a SentencePiece tokenizer on an iterator of text lines; return the model's bytes.
+
+    The trainer reads the iterator once and keeps a uniform random sample of sample_lines lines
+    (input_sentence_size), so a corpus of many GB is streamed, never loaded whole."""
+    import sentencepiece as spm
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, minloglevel=2, vocab_size=vocab_size,
+        input_sentence_size=sample_lines, num_threads=num_threads, **READER_TOKENIZER_SETTINGS)
+    return model.getvalue()
 
 
 def iter_lines(path: Path):

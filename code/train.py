@@ -1,5 +1,7 @@
 """The training recipe: AdamW with weight decay on matrices only, linear warm-up then cosine decay
-to a floor, gradient-norm clipping, and evaluation on fixed batches (mean loss, bits per byte)."""
+to a floor, gradient-norm clipping, and evaluation on fixed batches (mean loss, bits per byte).
+The optimizer, the schedule and the loss of fixed batches live in model.py, which train_gpu.py
+(the script a reader copies) shares without this CPU loop; the chapters import them from here."""
 import math
 import time
 from dataclasses import dataclass, field
@@ -7,36 +9,8 @@ from dataclasses import dataclass, field
 import torch
 
 from data import get_batch
+from model import batch_losses, configure_optimizer, lr_at  # noqa: F401  (the recipe's parts train_gpu.py shares)
 from script_support import set_lr
-
-
-def configure_optimizer(model, lr: float, weight_decay: float = 0.1, betas=(0.9, 0.95), fused=None):
-    """AdamW that decays matrices (embeddings, linear weights) but not norms' gains."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
-
-
-def lr_at(step: int, max_lr: float, warmup: int, total: int, min_ratio: float = 0.1) -> float:
-    """Learning rate for 0-based `step`: linear warm-up over `warmup` steps, then cosine to min_ratio·max_lr."""
-    if step < warmup:
-        return max_lr * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return max_lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-@torch.no_grad()
-def batch_losses(model, batches) -> list[float]:
-    """The mean loss of each fixed batch, in eval mode: the spread between them shows how much an
-    evaluation depends on which text it happens to use."""
-    was_training = model.training
-    model.eval()
-    losses = [model(x, y)[1].item() for x, y in batches]
-    model.train(was_training)
-    return losses
 
 
 def evaluate(model, batches) -> float:

@@ -9,17 +9,17 @@
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
         --rdzv-id RUN code/train_gpu.py           # two machines, run on each (launch/: Slurm, SkyPilot)
 
-Copy to the box: code/ (this script and what it imports: checkpoint.py, run_log.py, record.py,
-token_source.py, device.py, preflight.py, data.py, model.py, train.py, memory.py, gpus.py, shapes.py,
-arguments.py, script_support.py), data/songci.txt (or your --data file) and requirements-train.txt
-(`pip install -r requirements-train.txt`: torch, numpy, sentencepiece). `python code/budget.py
-...` prints the command for the scheme and micro-batch that fit. This file reads top to bottom: the
-arguments, main, the loop (run), then setup, one step, checkpoints and the log. Before paying for a
-run: `--preflight` measures the box against the plan in about a minute (code/preflight.py).
+Copy to the box: code/ (this script and what it imports: checkpoint.py, record.py, preflight.py,
+data.py, model.py, shapes.py, gpus.py, arguments.py, script_support.py), data/songci.txt (or your
+--data file) and requirements-train.txt (`pip install -r requirements-train.txt`: torch, numpy,
+sentencepiece). `python code/budget.py ...` prints the command for the scheme and micro-batch that
+fit. This file reads top to bottom: the arguments, main, the loop (run), then the device and setup,
+one step, checkpoints and the log. Before paying for a run: `--preflight` measures the box against
+the plan in about a minute (code/preflight.py).
 
 Global batch: --global-batch-tokens per optimizer step whatever the number of processes; accumulation =
 global batch / (micro-batch · seq-len · processes). Every process draws the step's start positions from
-one seeded generator and reads only its rows (token_source.Sampler): 1, 2 or 4 processes see the same
+one seeded generator and reads only its rows (data.Sampler): 1, 2 or 4 processes see the same
 data and end with the same parameters, up to the order of floating-point sums.
 
 Sharding (--shard): ddp, every GPU holds the whole model, gradients and AdamW state (16 bytes per
@@ -49,7 +49,8 @@ autocast: the all-gathers move bf16, the reduce-scatters fp32, the shards and Ad
 On CUDA also TF32, torch.compile (per block under FSDP), fused AdamW, pinned memory. MFU is against the
 dense peak of the GPU looked up by name and SM count (code/gpus.py); a run's first WARMUP_UNTIMED steps
 (compilation) are not timed. --checkpoint-activations recomputes each block in backward. The log prints
-the memory ledger's prediction (code/memory.py) and, after the first step, what each process holds.
+the memory ledger's prediction (code/shapes.py, the half of the book's code/memory.py that the script
+uses) and, after the first step, what each process holds.
 Evaluation (--eval-every): validation loss and bits per byte on fixed batches, split across processes.
 
 Checkpoints (code/checkpoint.py): OUT/checkpoints/step_NNNNNNNN/, every process's DCP shards; a folder
@@ -88,7 +89,7 @@ stop's save: not requeued, the disk needs room first); 75 stopped by SIGTERM/SIG
 checkpoint; 78 --preflight found the box unlike the plan (a line marked WARN; 0 when every check is ok).
 From the start of training on, rank 0 records its status in run.json, except where torch aborts (above)
 or another process failed first (out of memory there: torchrun ends rank 0).
-Run log (code/run_log.py, rank 0): OUT/run.json (command, arguments, commit, devices, versions, times,
+Run log (code/checkpoint.py's RunLog, rank 0): OUT/run.json (command, arguments, commit, devices, versions, times,
 exit code) and OUT/log.jsonl (one JSON line per log step).
 """
 import argparse
@@ -112,15 +113,18 @@ from checkpoint import (  # noqa: E402
     CKPT_DIR,
     EXIT_SAVE_FAILED,
     EXPORT_NAME,
+    LOG_NAME,
+    RECORD_NAME,
+    RunLog,
     complete_checkpoints,
+    end_current,
     load_checkpoint,
     newest_loadable,
     step_dir,
 )
-from device import peak_flops, resolve_precision, setup_device  # noqa: E402
-from memory import Run, Shape, run_peak_bytes, run_sent_bytes, run_state_bytes  # noqa: E402
-from model import GPT, GPTConfig, init_per_parameter  # noqa: E402
-from run_log import LOG_NAME, RECORD_NAME, RunLog, end_current  # noqa: E402
+from data import Evaluator, Sampler, TokenSource, sample_text  # noqa: E402
+from gpus import describe_peak  # noqa: E402
+from model import GPT, GPTConfig, configure_optimizer, init_per_parameter, lr_at  # noqa: E402
 from script_support import (  # noqa: E402
     Parser,
     launch_ranks,
@@ -129,9 +133,7 @@ from script_support import (  # noqa: E402
     process_group,
     set_lr,
 )
-from shapes import flops_per_token, param_count  # noqa: E402
-from token_source import Evaluator, Sampler, TokenSource, sample_text  # noqa: E402
-from train import configure_optimizer, lr_at  # noqa: E402
+from shapes import Run, Shape, flops_per_token, param_count, run_peak_bytes, run_sent_bytes, run_state_bytes  # noqa: E402,E501
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 EXIT_NAN, EXIT_TIMEOUT, EXIT_PREEMPTED = 3, 4, 75  # 75: EX_TEMPFAIL, "try again"
@@ -403,7 +405,46 @@ def finish(t: "Trainer", log: RunLog, ledger: float, tokenizer) -> None:
     log(f"done: {t.args.steps} steps; checkpoint in {CKPT_DIR}/, {EXPORT_NAME}, {RECORD_NAME} and {LOG_NAME} in --out")
 
 
-# ---- settings and setup ----------------------------------------------------------------------------
+# ---- the device, settings and setup ----------------------------------------------------------------
+
+def setup_device(args, local_rank: int) -> torch.device:
+    """The device this process trains on: GPU number local_rank, or the CPU."""
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            refuse("--device cuda was asked for, but this machine has no CUDA GPU that torch can use; "
+                   "for a smoke test on the CPU add --device cpu and a tiny config")
+        if local_rank >= torch.cuda.device_count():
+            refuse(f"process {local_rank} needs GPU {local_rank}, but only {torch.cuda.device_count()} are visible")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def peak_flops(device, override_tflops):
+    """(peak FLOP/s per GPU or None, a note for the log)."""
+    if device.type != "cuda":
+        return None, "no MFU on CPU (no spec peak to compare with)"
+    name = torch.cuda.get_device_name(device)
+    if override_tflops:
+        return override_tflops * 1e12, f"{name}: peak {override_tflops:g} TFLOP/s from --peak-tflops"
+    return describe_peak(name, torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def resolve_precision(choice: str, device: torch.device) -> str:
+    """auto: bf16 where the GPU has bf16 tensor cores, fp16 (with loss scaling) where it has not, fp32 on a CPU."""
+    if device.type != "cuda":
+        return "fp32" if choice == "auto" else choice  # CPU autocast: slow, but the same code path
+    try:  # without emulation: Volta and Turing "support" bf16 only in slow emulation
+        has_bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:
+        has_bf16 = torch.cuda.is_bf16_supported()
+    if choice == "auto":
+        return "bf16" if has_bf16 else "fp16"
+    if choice == "bf16" and not has_bf16:
+        refuse(f"--precision bf16: {torch.cuda.get_device_name(device)} has no bf16 tensor cores; use fp16 or auto")
+    return choice
+
 
 def check_args(args, world: int) -> int:
     """Validate what the types cannot (exit 2 with one line); return the number of accumulation steps."""

@@ -1051,20 +1051,12 @@ def copy_list() -> list:
 
 
 def test_the_copy_list_is_what_the_script_imports():
-    """The docstring's list is train_gpu.py's own imports, followed to the end (lazy imports included)."""
-    import ast
-    code = REPO / "code"
-    seen, todo = set(), ["train_gpu"]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        for node in ast.walk(ast.parse((code / f"{name}.py").read_text(encoding="utf-8"))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if (
-                isinstance(node, ast.ImportFrom) and node.module) else []
-            todo += [n for n in names if (code / f"{n}.py").is_file()]
-    assert sorted(copy_list()) == sorted(f"{m}.py" for m in seen - {"train_gpu"})
+    """The docstring's list is train_gpu.py's own imports, followed to the end (lazy imports included),
+    and the copy stays within the bound bookbuild/copy_size.py states."""
+    from bookbuild.copy_size import MAX_FILES, MAX_LINES, closure
+    files = closure()
+    assert sorted(copy_list()) == sorted(set(files) - {"train_gpu.py"})
+    assert len(files) <= MAX_FILES and sum(files.values()) <= MAX_LINES, files
 
 
 def test_requirements_train_pins_what_requirements_pins():
