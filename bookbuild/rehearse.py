@@ -37,8 +37,10 @@ Each worker's status is recorded by a sitecustomize put on PYTHONPATH, which wra
 reports no worker's status when it is itself signalled. A combination that fails says why, from the
 error's last line. Output: a table (run, plan, flags, checks, result, seconds), printed and written to
 _build/rehearsal.json and _build/rehearsal.md (after every run, so an interrupted one leaves a table).
-torch.compile's cache is shared (_build/rehearsal/inductor). A launch is killed after LAUNCH_TIMEOUT_S
-(REHEARSE_TIMEOUT_S changes it: on a loaded machine a first compile can outlast it); --only runs some.
+A launch is killed after LAUNCH_TIMEOUT_S (REHEARSE_TIMEOUT_S changes it: on a loaded machine a first
+compile can outlast it); --only runs some. Each run compiles into a torch.compile cache of its own, in its
+folder (INDUCTOR_DIR), which its stop and resume launches share and which a killed launch removes: a launch
+killed mid-compile can leave a truncated kernel (.so) behind, and no other launch loads it.
 """
 import argparse
 import contextlib
@@ -48,6 +50,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -64,7 +67,8 @@ sys.path.insert(0, str(REPO / "code"))
 import budget  # noqa: E402
 
 OUTPUT = REPO / "_build" / "rehearsal.json"
-INDUCTOR_CACHE = REPO / "_build" / "rehearsal" / "inductor"
+INDUCTOR_DIR = "inductor"  # each run's own torch.compile cache, in its folder: a killed launch's half-written
+# kernel (a truncated .so) is never loaded by another run, nor by another rehearsal running at the same time
 COMMON_GPUS = ("H100", "A100", "RTX4090")
 PLAN_GPU_COUNTS = (1, 8, 64)
 SHAPE = {"--d-model": 64, "--n-layer": 2, "--n-head": 2, "--seq-len": 32, "--vocab-size": 250}  # 250: uneven shards
@@ -511,7 +515,7 @@ def launch(cmd: Command, launches: int, work: Path, stop_on: str | None = None,
     (hook / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0", STATUS_VAR: str(status_dir),
            "PYTHONPATH": os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(INDUCTOR_CACHE))
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(work / INDUCTOR_DIR)  # the run's own (INDUCTOR_DIR), whatever the caller's
     timeout_s = timeout_s or float(os.environ.get(TIMEOUT_VAR, LAUNCH_TIMEOUT_S))
     t0, cpu0 = time.perf_counter(), _children_cpu()
     procs = [subprocess.Popen(cmd.argv(), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -541,6 +545,7 @@ def launch(cmd: Command, launches: int, work: Path, stop_on: str | None = None,
             if p.poll() is None:
                 _kill_tree(p.pid)
                 p.wait()
+                shutil.rmtree(env["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)  # it may hold half a kernel
     for t in threads:
         t.join(timeout=10)
     statuses = {int(f.name[4:]): int(f.read_text()) for f in status_dir.glob("rank*") if f.read_text().isdigit()}
@@ -805,7 +810,6 @@ def main(argv=None) -> int:
                   f"{' '.join(s.checks):28s} {', '.join(plan_label(x) for x in s.plans[:2])}"
                   + (f" → resumed as {s.resume_as.flags()}" if s.resume_as else ""))
         return 0
-    INDUCTOR_CACHE.mkdir(parents=True, exist_ok=True)
     t0, rows = time.perf_counter(), []
     with contextlib.ExitStack() as stack:
         if args.keep:

@@ -186,3 +186,22 @@ def test_a_failure_is_said_by_the_error_s_last_line():
     said = rehearse.Outcome("", "error: --d-model 5 must split into --n-head 2 heads\n" + tb, {}, 0, False, False)
     assert rehearse.why(said).startswith("error: --d-model 5")
     assert "no end within" in rehearse.why(rehearse.Outcome("", "", {}, 0, True, False))
+
+
+def test_each_run_compiles_into_its_own_cache_and_a_killed_launch_removes_it(tmp_path, monkeypatch):
+    """A launch killed mid-compile can leave a truncated kernel in its torch.compile cache: no other run
+    shares that cache, and the kill removes it."""
+    show = ("import os, pathlib; d = os.environ['TORCHINDUCTOR_CACHE_DIR']; pathlib.Path(d).mkdir(exist_ok=True); "
+            "print(d)")
+    monkeypatch.setattr(rehearse.Command, "argv", lambda self: [sys.executable, "-c", self.script])
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "shared"))  # the caller's is not used
+    seen = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        o = rehearse.launch(rehearse.Command((), show, ()), 1, tmp_path / name)
+        seen.append(o.stdout.strip())
+    assert seen == [str(tmp_path / n / rehearse.INDUCTOR_DIR) for n in ("a", "b")], seen
+    hang = show + "; import time; time.sleep(60)"
+    o = rehearse.launch(rehearse.Command((), hang, ()), 1, tmp_path / "a", timeout_s=3)
+    assert o.timed_out and not (tmp_path / "a" / rehearse.INDUCTOR_DIR).exists()
+    assert (tmp_path / "b" / rehearse.INDUCTOR_DIR).is_dir()
