@@ -342,7 +342,6 @@ class Sampler:
         return list(zip(x.split(self.micro), y.split(self.micro)))
 
 
-
 class Evaluator:
     """Validation loss and bits per byte of train_gpu.py's Trainer `t` on the same fixed batches every
     time, split across the processes (each reads only its batches) and summed with one all-reduce."""

@@ -42,30 +42,31 @@ that all-reduce still only on the last: set_requires_all_reduce). ZeRO-1 is not 
 process --shard fsdp or hsdp trains the plain model.
 
 Precision (--precision auto): bf16 where the GPU has it, else fp16 with a GradScaler (an overflowed step is
-skipped and counted, the overflow flag all-reduced under FSDP, the scaler's state saved with a
-checkpoint); fp32 on a CPU. DDP: autocast over fp32 weights, gradient_as_bucket_view (no second copy of
-the gradients in DDP's buckets); FSDP: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) and no
-autocast: the all-gathers move bf16, the reduce-scatters fp32, the shards and AdamW stay fp32.
-On CUDA also TF32, torch.compile (per block under FSDP), fused AdamW, pinned memory. MFU is against the
-dense peak of the GPU looked up by name and SM count (code/gpus.py); a run's first WARMUP_UNTIMED steps
-(compilation) are not timed. --checkpoint-activations recomputes each block in backward. The log prints
-the memory ledger's prediction (code/shapes.py, the half of the book's code/memory.py that the script
-uses) and, after the first step, what each process holds.
+skipped and counted, the overflow flag all-reduced under FSDP, the scaler's state saved with a checkpoint);
+fp32 on a CPU. DDP: autocast over fp32 weights, gradient_as_bucket_view (no second copy of the gradients in
+DDP's buckets), the buckets laid out before the first step (settle_ddp_buckets); FSDP:
+MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) and no autocast: the all-gathers move bf16, the
+reduce-scatters fp32, the shards and AdamW stay fp32. On CUDA also TF32, torch.compile (per block under
+FSDP), fused AdamW, pinned memory. MFU is against the dense peak of the GPU looked up by name and SM count
+(code/gpus.py); a run's first WARMUP_UNTIMED steps (compilation) are not timed. --checkpoint-activations
+recomputes each block in backward. The log prints the memory ledger's prediction (code/shapes.py, the half
+of the book's code/memory.py that the script uses) and, after the first step, what each process holds.
 Evaluation (--eval-every): validation loss and bits per byte on fixed batches, split across processes.
 
 Checkpoints (code/checkpoint.py): OUT/checkpoints/step_NNNNNNNN/, every process's DCP shards; a folder
-without .metadata is a cut save, removed on the next start. The newest two complete ones are kept (the
-disk must hold three while the third is written). A newest one damaged after its save (a bad .metadata or
+without .metadata is a cut save, removed on the next start. The newest two complete ones are kept (the disk
+must hold three while the third is written). A newest one damaged after its save (a bad .metadata or
 train_state.json, a missing or short shard) is named and passed over for the one before, and removed once
 the processes agree; one whose damage only the load finds is refused in a sentence naming the one before,
-which resumes once the damaged folder is moved away. A save that fails (a full disk on any
-process) removes its own folder and ends the run with exit status 74, recorded in run.json, the earlier
-checkpoints kept. --resume continues from the newest complete one on any number of processes and either
-scheme, after the processes check that each chose the same step; --auto-resume does so if there is one
-(launch/ uses it). A changed --lr, --warmup, --min-lr-ratio, --weight-decay, --global-batch-tokens,
---seed or --steps is printed; a checkpoint beyond --steps is refused. A load calls nothing outside an
-exact list of DCP's record classes and changes no object it did not make (checkpoint.py). OUT/model.pt:
-the final weights as one plain state_dict, written when a run reaches --steps.
+which resumes once the damaged folder is moved away. A save that fails (a full disk on any process) removes
+its own folder and ends the run with exit status 74, recorded in run.json, the earlier checkpoints kept.
+--resume continues from the newest complete one on any number of processes and either scheme, after the
+processes check that each chose the same step; --auto-resume does so if there is one (launch/ uses it); on
+the same processes and scheme it ends bitwise equal to the uninterrupted run. A changed --lr, --warmup,
+--min-lr-ratio, --weight-decay, --global-batch-tokens, --seed or --steps is printed; a checkpoint beyond
+--steps is refused. A load calls nothing outside an exact list of DCP's record classes and changes no object
+it did not make (checkpoint.py). OUT/model.pt: the final weights as one plain state_dict, written when a run
+reaches --steps.
 
 Preemption: on SIGTERM or SIGUSR1 every process finishes its step; they agree at the next poll (about
 every STOP_POLL_S seconds, at a step they agreed on, and every log and save step: one all-reduce, no host
@@ -325,6 +326,7 @@ def run(args, device, rank: int, world: int, accum: int, precision: str, data: "
                                  print if rank == 0 else lambda *a: None)
         return preflight.EXIT_WARNED if warnings else 0
     start = 0 if resume is None else load_checkpoint(t, *resume)
+    settle_ddp_buckets(t)  # so that a resume on the same processes ends bitwise equal to the run it continues
     log = RunLog(args, device, rank, world, precision, start)
     if start:
         log(f"resumed from {resume[0].name} at step {start} (saved by {resume[1]['world_size']} process(es), "
@@ -558,6 +560,23 @@ def setup(args, device, rank: int, world: int, accum: int, precision: str, data:
 
 
 # ---- one optimizer step, and what the processes agree on -------------------------------------------
+
+def settle_ddp_buckets(t: Trainer) -> None:
+    """DDP lays its gradient buckets out again after the first backward, in the order the gradients became
+    ready. An all-reduce sums each number over the processes in an order set by its place in the bucket, so
+    over more than 2 processes a run's first step rounds differently from its later ones, and a resumed run
+    (whose first step is a later step of the run it continues) ends ~1e-8 away from the uninterrupted one.
+    One forward and backward on zeros before the first step, its gradients dropped, makes every step of
+    every run reduce with the laid-out-again buckets: resumed on the same processes, bitwise."""
+    if t.sharded or t.world == 1:
+        return
+    grad_sync(t, True)
+    x, y = (torch.zeros(t.args.micro_batch, t.args.seq_len, dtype=torch.int64, device=t.device) for _ in "xy")
+    with autocast(t):  # as a step runs it, so that torch.compile compiles this graph once
+        _, loss = t.model(x, y)
+    loss.backward()
+    t.opt.zero_grad(set_to_none=True)
+
 
 def grad_sync(t: Trainer, sync: bool) -> None:
     """Whether the next micro-batch's backward reduces the gradients over the processes (no_sync's switch).
