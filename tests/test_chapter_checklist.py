@@ -1,12 +1,15 @@
 """A new chapter's author touches the chapter's .md and _toc.yml, and nothing else by hand.
 
 The rest is derived from _toc.yml (bookbuild/book.py: the build, the refresh, the browser tests), or
-checked here, with a message saying exactly what to add where. Every chapter after the front page:
+checked here, with a message saying exactly what to add where. A long chapter is split into section pages
+(NN_M_name.md, listed under the chapter's `sections:` in _toc.yml), each a notebook that runs on its own;
+"chapter" below means either. Every chapter after the front page:
 - starts with the hidden setup cell (its text is bookbuild.book.setup_cell_source());
-- has a row in the front page's table of chapters that links to it;
+- has a row in the front page's table of chapters that links to it (a section page: its chapter has);
 - has a paired .ipynb with reference outputs (python -m bookbuild.refresh NN_name.md);
 - has its own section in tests/nbval_sanitize.cfg, even if it is empty;
-- has a file name that starts with its number, its place in _toc.yml (bookbuild.book.chapter_number);
+- has a file name that starts with its number, its place in _toc.yml (bookbuild.book.chapter_number),
+  and a section page's with NN_M_ (bookbuild.book.section_number);
 - tags each cell that needs CUDA with all of bookbuild.cuda.TAGS, in its .md and its .ipynb.
 Every page has a title (its first `# ` heading, bookbuild.book.title). A page whose file name does not
 start with a chapter number (chapters/glossary.md) is a plain page:
@@ -58,7 +61,7 @@ def front_links():
     return [m.group(1) for row in rows for m in [re.search(r"\]\(([^)\s]+)\)", row)] if m]
 
 
-@pytest.mark.parametrize("md", CHAPTERS + PLAIN_PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("md", book.chapter_pages() + PLAIN_PAGES, ids=lambda p: p.name)
 def test_front_page_table_links_to_the_chapter(md):
     link = os.path.relpath(md, book.front().parent).replace(os.sep, "/")
     assert link in front_links(), (
@@ -90,9 +93,10 @@ def test_page_has_a_title(md):
 
 @pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
 def test_chapter_file_name_starts_with_its_number(md):
-    number = book.chapter_number(md)
-    assert int(md.name[:2]) == number, (
-        f"{rel(md)} is chapter {number} in _toc.yml: name it {number:02d}_{md.name[3:]} (or move it in _toc.yml)")
+    prefix = book.expected_name_prefix(md)
+    kind = f"section {book.section_number(md)} of chapter" if book.section_number(md) else "chapter"
+    assert md.name.startswith(prefix), (
+        f"{rel(md)} is {kind} {book.chapter_number(md)} in _toc.yml: name it {prefix}<name>.md (or move it in _toc.yml)")
 
 
 @pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)

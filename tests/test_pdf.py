@@ -116,7 +116,7 @@ def test_chapters_in_order_and_page_count(built):
     for md in book.chapters():  # provenance.py's sentence on each chapter's first page, as on the web
         assert "你的机器上会不同" in squeeze(built[starts[names.index(md.stem)]]), md.name
     assert "这份PDF（python-mbookbuild.pdf）构建于" in squeeze("".join(built[starts[-1]:]))
-    assert squeeze(pdf.CALCULATOR) in squeeze("".join(built[starts[names.index("12_budget")]:]))
+    assert squeeze(pdf.CALCULATOR) in squeeze("".join(built[starts[names.index("12_2_plan")]:]))
 
 
 @pytest.mark.parametrize("name", GLUED_CHAPTERS)
