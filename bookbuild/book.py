@@ -54,7 +54,8 @@ def _chapter_entries() -> list[tuple[Path, list[Path]]]:
         for entry in part.get("chapters") or []:
             page = REPO / f"{entry['file']}.md" if "file" in entry else None
             if page is not None and _is_notebook_page(page):
-                out.append((page, [REPO / (f if f.endswith(".md") else f"{f}.md") for f in _files(entry.get("sections"))]))
+                secs = [REPO / (f if f.endswith(".md") else f"{f}.md") for f in _files(entry.get("sections"))]
+                out.append((page, secs))
     return out
 
 

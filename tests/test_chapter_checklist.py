@@ -96,7 +96,8 @@ def test_chapter_file_name_starts_with_its_number(md):
     prefix = book.expected_name_prefix(md)
     kind = f"section {book.section_number(md)} of chapter" if book.section_number(md) else "chapter"
     assert md.name.startswith(prefix), (
-        f"{rel(md)} is {kind} {book.chapter_number(md)} in _toc.yml: name it {prefix}<name>.md (or move it in _toc.yml)")
+        f"{rel(md)} is {kind} {book.chapter_number(md)} in _toc.yml: name it {prefix}<name>.md "
+        "(or move it in _toc.yml)")
 
 
 @pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
