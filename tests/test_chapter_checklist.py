@@ -219,3 +219,27 @@ def test_chapter_says_up_front_how_long_it_runs(md):
         f"{rel(md)}: say before the first section how long the chapter runs: {{glue:text}}`ch{n}_run_estimate`")
     stored = json.loads((book.REPO / "chapters" / "run_times.json").read_text(encoding="utf-8"))
     assert md.stem in stored, f"{md.stem} has no stored run time: python -m bookbuild.refresh {md.name} records one"
+
+
+# ---- pages a learner can follow: one idea a page, cells short enough to read ----
+MAX_PAGE_LINES = 500  # a page's .md source; a longer chapter splits into section pages (NN_M_name.md)
+MAX_VISIBLE_CELL_LINES = 25  # what a reader meets in the page; a helper they need not read is hidden or in code/
+HIDDEN_TAGS = {"hide-input", "remove-cell", "remove-input"}
+
+
+@pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
+def test_a_page_holds_at_most_500_lines(md):
+    lines = md.read_text(encoding="utf-8").count("\n")
+    assert lines <= MAX_PAGE_LINES, (
+        f"{rel(md)} has {lines} lines of source: split the chapter where its ideas split into section pages "
+        f"(NN_M_name.md under the chapter's `sections:` in _toc.yml), each at most {MAX_PAGE_LINES} lines")
+
+
+@pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
+def test_visible_code_cells_are_short(md):
+    long = [(i, len(c.source.splitlines())) for i, c in enumerate(jupytext.read(md).cells)
+            if c.cell_type == "code" and not HIDDEN_TAGS & set(c.metadata.get("tags", []))
+            and len(c.source.splitlines()) > MAX_VISIBLE_CELL_LINES]
+    assert not long, (
+        f"{rel(md)}: visible code cells over {MAX_VISIBLE_CELL_LINES} lines (cell index, lines): {long}; split "
+        "them where the ideas split, or hide what the reader need not read (tag hide-input and say what it does)")
