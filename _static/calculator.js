@@ -410,7 +410,7 @@ def calculator_run(argv_json):
     if (location.protocol === "file:") {  // browsers refuse to fetch WebAssembly and modules from file://
       api.state = "file";
       showMessage(root, "这个计算器要通过 HTTP 打开：在仓库根目录运行 python -m http.server -d _build/html，" +
-        "再打开 http://localhost:8000/chapters/12_budget.html。", "warning");
+        "再打开 http://localhost:8000/chapters/12_2_plan.html。", "warning");
       return;
     }
     const start = () => load(root).catch((e) => {

@@ -34,10 +34,39 @@ def front() -> Path:
     return pages()[0]
 
 
+def _is_notebook_page(path: Path) -> bool:
+    return path.name[:2].isdigit() and path.name[2:3] == "_"
+
+
 def chapters() -> list[Path]:
-    """The chapters after the front page: the pages named NN_*, each a jupytext notebook with a paired
-    .ipynb. Other pages (the glossary) are plain Markdown."""
-    return [p for p in pages()[1:] if p.name[:2].isdigit() and p.name[2:3] == "_"]
+    """Every page that is a notebook, in reading order: each chapter's own page (NN_name.md) followed by
+    its section pages (NN_M_name.md, listed under the chapter's `sections:` in _toc.yml), each a jupytext
+    notebook with a paired .ipynb that runs on its own. Other pages (the glossary) are plain Markdown."""
+    return [p for p in pages()[1:] if _is_notebook_page(p)]
+
+
+def _chapter_entries() -> list[tuple[Path, list[Path]]]:
+    """(chapter page, its section pages) for each chapter of _toc.yml, in order."""
+    toc = yaml.safe_load(TOC.read_text(encoding="utf-8"))
+    parts = toc.get("parts") or [{"chapters": toc.get("chapters")}]
+    out = []
+    for part in parts:
+        for entry in part.get("chapters") or []:
+            page = REPO / f"{entry['file']}.md" if "file" in entry else None
+            if page is not None and _is_notebook_page(page):
+                secs = [REPO / (f if f.endswith(".md") else f"{f}.md") for f in _files(entry.get("sections"))]
+                out.append((page, secs))
+    return out
+
+
+def chapter_pages() -> list[Path]:
+    """Each chapter's own page (the first of its pages), in order: the pages the front page's table lists."""
+    return [page for page, _ in _chapter_entries()]
+
+
+def sections(md: Path) -> list[Path]:
+    """The section pages of the chapter whose own page is md (none for most chapters)."""
+    return next((secs for page, secs in _chapter_entries() if page == md), [])
 
 
 def title(md: Path) -> str:
@@ -57,14 +86,36 @@ def docname(md: Path) -> str:
 
 
 def chapter_number(md: Path) -> int:
-    """A chapter's number: its place in _toc.yml after the front page (chapter 1 is the first). Its
-    file name starts with the same number (tests/test_chapter_checklist.py checks it)."""
-    return chapters().index(md) + 1
+    """The number of the chapter a page belongs to: its chapter's place in _toc.yml after the front page
+    (chapter 1 is the first). Its file name starts with the same number (tests/test_chapter_checklist.py
+    checks it)."""
+    for n, (page, secs) in enumerate(_chapter_entries(), start=1):
+        if md == page or md in secs:
+            return n
+    raise ValueError(f"{md.name} is not a chapter or a section of one in _toc.yml")
+
+
+def section_number(md: Path) -> int:
+    """0 for a chapter's own page, M for the M-th section page under it in _toc.yml (named NN_M_name.md)."""
+    for page, secs in _chapter_entries():
+        if md == page:
+            return 0
+        if md in secs:
+            return secs.index(md) + 1
+    raise ValueError(f"{md.name} is not a chapter or a section of one in _toc.yml")
+
+
+def expected_name_prefix(md: Path) -> str:
+    """What a notebook page's file name starts with: NN_ for a chapter, NN_M_ for its M-th section."""
+    n, m = chapter_number(md), section_number(md)
+    return f"{n:02d}_" + (f"{m}_" if m else "")
 
 
 def sanitizer_header(md: Path) -> str:
-    """The line that opens a chapter's own section in tests/nbval_sanitize.cfg."""
-    return f"# ---- chapter {chapter_number(md)} ----"
+    """The line that opens a page's own section in tests/nbval_sanitize.cfg (chapter 9, or 9.2 for its
+    second section page)."""
+    m = section_number(md)
+    return f"# ---- chapter {chapter_number(md)}{f'.{m}' if m else ''} ----"
 
 
 def script_arguments():

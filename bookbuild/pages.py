@@ -142,14 +142,19 @@ def _ancestors(node):
 
 def number_figures_by_chapter(app, env) -> list[str]:
     """env-get-updated, after Sphinx numbered the figures across the book: number them per chapter,
-    (chapter, n), which Sphinx writes as 图 6.1. Pages that are not chapters keep their numbers."""
-    numbers = {book.docname(md): n for n, md in enumerate(book.chapters(), start=1)}
-    for docname, by_type in env.toc_fignumbers.items():
-        if docname not in numbers:
+    (chapter, n), which Sphinx writes as 图 6.1, counting on across a chapter's section pages in reading
+    order (its section page's first figure after 图 9.3 is 图 9.4). Pages that are not chapters keep theirs."""
+    counted: dict[tuple[int, str], int] = {}
+    for md in book.chapters():  # reading order
+        docname, number = book.docname(md), book.chapter_number(md)
+        by_type = env.toc_fignumbers.get(docname)
+        if not by_type:
             continue
         for figtype, ids in by_type.items():
             in_order = sorted(ids, key=lambda i: ids[i])
-            by_type[figtype] = {i: (numbers[docname], k) for k, i in enumerate(in_order, start=1)}
+            start = counted.get((number, figtype), 0)
+            by_type[figtype] = {i: (number, start + k) for k, i in enumerate(in_order, start=1)}
+            counted[(number, figtype)] = start + len(in_order)
     return []
 
 

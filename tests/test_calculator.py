@@ -30,7 +30,7 @@ from gpus import CATALOG  # noqa: E402
 
 N_CONFIGS = 220
 SEED = 7
-PAGE = "chapters/12_budget.html"
+PAGE = "chapters/12_2_plan.html"
 FLAGS = [a for a in budget.build_parser()._actions if a.option_strings and a.dest != "help"]
 SWITCHES = {max(a.option_strings, key=len) for a in FLAGS if a.nargs == 0}
 ORDER = [max(a.option_strings, key=len) for a in FLAGS]

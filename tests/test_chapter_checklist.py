@@ -1,12 +1,15 @@
 """A new chapter's author touches the chapter's .md and _toc.yml, and nothing else by hand.
 
 The rest is derived from _toc.yml (bookbuild/book.py: the build, the refresh, the browser tests), or
-checked here, with a message saying exactly what to add where. Every chapter after the front page:
+checked here, with a message saying exactly what to add where. A long chapter is split into section pages
+(NN_M_name.md, listed under the chapter's `sections:` in _toc.yml), each a notebook that runs on its own;
+"chapter" below means either. Every chapter after the front page:
 - starts with the hidden setup cell (its text is bookbuild.book.setup_cell_source());
-- has a row in the front page's table of chapters that links to it;
+- has a row in the front page's table of chapters that links to it (a section page: its chapter has);
 - has a paired .ipynb with reference outputs (python -m bookbuild.refresh NN_name.md);
 - has its own section in tests/nbval_sanitize.cfg, even if it is empty;
-- has a file name that starts with its number, its place in _toc.yml (bookbuild.book.chapter_number);
+- has a file name that starts with its number, its place in _toc.yml (bookbuild.book.chapter_number),
+  and a section page's with NN_M_ (bookbuild.book.section_number);
 - tags each cell that needs CUDA with all of bookbuild.cuda.TAGS, in its .md and its .ipynb.
 Every page has a title (its first `# ` heading, bookbuild.book.title). A page whose file name does not
 start with a chapter number (chapters/glossary.md) is a plain page:
@@ -58,7 +61,7 @@ def front_links():
     return [m.group(1) for row in rows for m in [re.search(r"\]\(([^)\s]+)\)", row)] if m]
 
 
-@pytest.mark.parametrize("md", CHAPTERS + PLAIN_PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("md", book.chapter_pages() + PLAIN_PAGES, ids=lambda p: p.name)
 def test_front_page_table_links_to_the_chapter(md):
     link = os.path.relpath(md, book.front().parent).replace(os.sep, "/")
     assert link in front_links(), (
@@ -90,9 +93,11 @@ def test_page_has_a_title(md):
 
 @pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
 def test_chapter_file_name_starts_with_its_number(md):
-    number = book.chapter_number(md)
-    assert int(md.name[:2]) == number, (
-        f"{rel(md)} is chapter {number} in _toc.yml: name it {number:02d}_{md.name[3:]} (or move it in _toc.yml)")
+    prefix = book.expected_name_prefix(md)
+    kind = f"section {book.section_number(md)} of chapter" if book.section_number(md) else "chapter"
+    assert md.name.startswith(prefix), (
+        f"{rel(md)} is {kind} {book.chapter_number(md)} in _toc.yml: name it {prefix}<name>.md "
+        "(or move it in _toc.yml)")
 
 
 @pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
@@ -214,3 +219,27 @@ def test_chapter_says_up_front_how_long_it_runs(md):
         f"{rel(md)}: say before the first section how long the chapter runs: {{glue:text}}`ch{n}_run_estimate`")
     stored = json.loads((book.REPO / "chapters" / "run_times.json").read_text(encoding="utf-8"))
     assert md.stem in stored, f"{md.stem} has no stored run time: python -m bookbuild.refresh {md.name} records one"
+
+
+# ---- pages a learner can follow: one idea a page, cells short enough to read ----
+MAX_PAGE_LINES = 500  # a page's .md source; a longer chapter splits into section pages (NN_M_name.md)
+MAX_VISIBLE_CELL_LINES = 25  # what a reader meets in the page; a helper they need not read is hidden or in code/
+HIDDEN_TAGS = {"hide-input", "remove-cell", "remove-input"}
+
+
+@pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
+def test_a_page_holds_at_most_500_lines(md):
+    lines = md.read_text(encoding="utf-8").count("\n")
+    assert lines <= MAX_PAGE_LINES, (
+        f"{rel(md)} has {lines} lines of source: split the chapter where its ideas split into section pages "
+        f"(NN_M_name.md under the chapter's `sections:` in _toc.yml), each at most {MAX_PAGE_LINES} lines")
+
+
+@pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
+def test_visible_code_cells_are_short(md):
+    long = [(i, len(c.source.splitlines())) for i, c in enumerate(jupytext.read(md).cells)
+            if c.cell_type == "code" and not HIDDEN_TAGS & set(c.metadata.get("tags", []))
+            and len(c.source.splitlines()) > MAX_VISIBLE_CELL_LINES]
+    assert not long, (
+        f"{rel(md)}: visible code cells over {MAX_VISIBLE_CELL_LINES} lines (cell index, lines): {long}; split "
+        "them where the ideas split, or hide what the reader need not read (tag hide-input and say what it does)")

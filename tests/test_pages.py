@@ -282,3 +282,15 @@ def test_figures_are_renumbered_per_chapter():
     pages.number_figures_by_chapter(None, Env)
     assert Env.toc_fignumbers == {first: {"figure": {"b": (1, 1), "a": (1, 2)}}, second: {"figure": {"c": (2, 1)}},
                                   "chapters/glossary": {"figure": {"d": (4,)}}}
+
+
+def test_figure_numbers_count_on_across_a_chapters_section_pages(monkeypatch):
+    class Env:
+        toc_fignumbers = {}
+    chapter, section, nxt = (book.REPO / "chapters" / n for n in ("09_a.md", "09_1_b.md", "10_c.md"))
+    monkeypatch.setattr(book, "chapters", lambda: [chapter, section, nxt])
+    monkeypatch.setattr(book, "chapter_number", {chapter: 9, section: 9, nxt: 10}.__getitem__)
+    Env.toc_fignumbers = {book.docname(chapter): {"figure": {"a": (1,), "b": (2,)}},
+                          book.docname(section): {"figure": {"c": (3,)}}, book.docname(nxt): {"figure": {"d": (4,)}}}
+    pages.number_figures_by_chapter(None, Env)
+    assert [v for by in Env.toc_fignumbers.values() for v in by["figure"].values()] == [(9, 1), (9, 2), (9, 3), (10, 1)]

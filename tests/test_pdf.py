@@ -68,13 +68,16 @@ def opens_with(page: str, title: str) -> bool:
 
 
 def opening_pages(pages) -> list[int]:
-    """The page each of _toc.yml's chapters opens on, in order: a page that starts with its title (a
-    chapter's first page has no running header; a long title takes two lines). The front page is the
-    chapter pdf.FRONT_CHAPTER."""
-    titles = [pdf.FRONT_CHAPTER] + [book.title(md) for md in book.pages()[1:]]
+    """The page each of _toc.yml's pages opens on, in order: for a chapter, a page that starts with its title
+    (a chapter's first page has no running header; a long title takes two lines); for a section page (a
+    LaTeX section inside its chapter, which starts no new page), the first page from there on that holds its
+    title. The front page is the chapter pdf.FRONT_CHAPTER."""
+    sections = {md for chapter in book.chapter_pages() for md in book.sections(chapter)}
+    titles = [(pdf.FRONT_CHAPTER, False)] + [(book.title(md), md in sections) for md in book.pages()[1:]]
     found, at = [], 0
-    for title in titles:
-        at = next((i for i in range(at, len(pages)) if opens_with(pages[i], title)), None)
+    for title, inside in titles:
+        at = next((i for i in range(at, len(pages))
+                   if (squeeze(title) in squeeze(pages[i]) if inside else opens_with(pages[i], title))), None)
         assert at is not None, f"no page after page {found[-1] + 1 if found else 0} opens with {title!r}"
         found.append(at)
     return found
@@ -113,10 +116,11 @@ def test_chapters_in_order_and_page_count(built):
     starts = opening_pages(built)
     assert PAGE_RANGE[0] <= len(built) <= PAGE_RANGE[1], f"{len(built)} pages"
     names = [md.stem for md in book.pages()]
-    for md in book.chapters():  # provenance.py's sentence on each chapter's first page, as on the web
-        assert "你的机器上会不同" in squeeze(built[starts[names.index(md.stem)]]), md.name
+    for md in book.chapters():  # provenance.py's sentence at each page's start, as on the web
+        first = starts[names.index(md.stem)]
+        assert "你的机器上会不同" in squeeze("".join(built[first:first + 2])), md.name
     assert "这份PDF（python-mbookbuild.pdf）构建于" in squeeze("".join(built[starts[-1]:]))
-    assert squeeze(pdf.CALCULATOR) in squeeze("".join(built[starts[names.index("12_budget")]:]))
+    assert squeeze(pdf.CALCULATOR) in squeeze("".join(built[starts[names.index("12_2_plan")]:]))
 
 
 @pytest.mark.parametrize("name", GLUED_CHAPTERS)
