@@ -743,13 +743,13 @@ def describe_run(t: Trainer, data: TokenSource, log: RunLog, ledger: float) -> N
         f" | activation checkpointing: {'on' if args.checkpoint_activations else 'off'} | "
         f"{peak_flops(t.device, args.peak_tflops)[1]}")
     sent = {k.replace("_", "-"): v for k, v in run_sent_bytes(run).items() if v}
-    log(f"memory ledger (code/memory.py) for this run on a GPU (flash attention, eager autograd): {ledger:,.0f} MiB "
+    log(f"memory ledger (code/shapes.py) for this run on a GPU (flash attention, eager autograd): {ledger:,.0f} MiB "
         f"per device, of which weights, gradients and optimizer state {ledger_state_mib(t):,.2f} MiB | sent per "
         f"device per step: " + (", ".join(f"{k} {v / 2**20:,.2f} MiB" for k, v in sent.items()) or "nothing"))
 
 
 def planned_run(args, world: int, accum: int, precision: str) -> Run:
-    """This run as code/memory.py describes it: what the ledger, the budget and the start line count."""
+    """This run as the ledger (shapes.Run) describes it: what the ledger, the budget and the start line count."""
     sharded = args.shard in ("fsdp", "hsdp") and world > 1
     scheme = ("ddp" if not sharded else args.shard if args.shard == "hsdp" else
               "zero3" if args.reshard_after_forward else "zero2")

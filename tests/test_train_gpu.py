@@ -113,7 +113,7 @@ def test_ledger_and_held_state_are_logged(runs):
     _, one = runs[1, "ddp"]
     _, fsdp = runs[2, "fsdp"]
     assert "1 process on cpu" in one and "FSDP2 over 2 processes, ZeRO-3: weights freed after forward" in fsdp
-    assert "memory ledger (code/memory.py) for this run on a GPU" in one and "sent per device per step: nothing" in one
+    assert "memory ledger (code/shapes.py) for this run on a GPU" in one and "sent per device per step: nothing" in one
     assert "sent per device per step: all-gather " in fsdp
     assert "precision: fp32; whole fp32 gradients held until the last micro-batch |" in fsdp  # accumulation 4
 
@@ -708,7 +708,7 @@ def test_out_of_memory_is_one_sentence_with_the_ledger_and_recorded(tmp_path, ca
     out, err = capsys.readouterr()
     msg = err.strip()
     assert err.count("\n") == 1 and msg.startswith("error: process 0 ran out of memory on cpu (CUDA out of"), err
-    ledger = out.split("memory ledger (code/memory.py) for this run on a GPU (flash attention, eager autograd): ")[1]
+    ledger = out.split("memory ledger (code/shapes.py) for this run on a GPU (flash attention, eager autograd): ")[1]
     assert f"the memory ledger planned {ledger.split(' MiB')[0]} MiB per GPU" in msg, (msg, ledger)
     order = [msg.index(w) for w in ("--micro-batch", "--seq-len", "--checkpoint-activations", "--shard fsdp")]
     assert order == sorted(order), msg
