@@ -222,6 +222,14 @@ def step_bytes(shape: Shape, n_params: float, gpus: int = 1, scheme: str = "ddp"
     return out
 
 
+def by_kind(peak: dict) -> dict:
+    """A step's peak (step_bytes) in three kinds, in bytes: the model state (weights, gradients, optimizer),
+    the logits with the loss's temporaries, and the activations (the rest)."""
+    state = peak["weights"] + peak["grads"] + peak["optimizer"]
+    logits = peak["logits"] + peak["logit temporaries"]
+    return {"state": state, "activations": peak["total"] - state - logits, "logits": logits}
+
+
 def peak_moment(act: dict, logit_temporaries: int, checkpoint: bool) -> dict:
     """The activations' parts at the larger of their two peaks: the end of forward (everything saved and
     the loss's temporaries) or, with checkpointing, backward recomputing the last block (the head's tensors
