@@ -271,6 +271,21 @@ def comm_bytes_per_step(*args, **kwargs) -> float:
     return sum(comm_bytes_by_link(*args, **kwargs).values())
 
 
+def sent_per_param(scheme: str, gpus: int, grad_accum: int = 1, textbook: bool = False,
+                   sync_every: bool = False) -> float:
+    """β: bytes one GPU sends per parameter in a step of grad_accum micro-batches; train_gpu.py's run, or
+    the textbook's (weights and gradients in one dtype, every micro-batch synchronised)."""
+    if textbook:
+        return memory.textbook_sent_bytes(1, gpus, scheme, grad_accum=grad_accum)
+    return comm_bytes_per_step(1, gpus, scheme, grad_accum=grad_accum, sync_every=sync_every)
+
+
+def comm_threshold(beta: float, flops_s: float, link_bytes_s: float, c: float = 6) -> float:
+    """T*: tokens per device per step at which communication takes as long as compute, β/c · (P·MFU)/W;
+    c is the training FLOPs per token and parameter (6, or 6 plus attention's share)."""
+    return beta * flops_s / (c * link_bytes_s)
+
+
 def comm_bytes_by_link(n_params: float, gpus: int, scheme: str, layout: str = "autocast",
                        fp32_grads: bool = False, grad_accum: int = 1, shape=None, sync_every: bool = False,
                        gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> dict:

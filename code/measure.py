@@ -276,6 +276,14 @@ def glue_values(prefix: str, values: dict | None = None, **named) -> None:
     for name, value in {**(values or {}), **named}.items():
         glue(f"{prefix}{name}", value, display=False)
 
+
+def show_table(header: list, rows: list, align: str) -> None:
+    """Display a Markdown table in a notebook; align: one letter per column, l or r."""
+    from IPython.display import Markdown, display
+    rule = [":---" if a == "l" else "---:" for a in align]
+    display(Markdown("\n".join("| " + " | ".join(map(str, r)) + " |" for r in [header, rule, *rows])))
+
+
 # ---- timing a training step ----
 
 

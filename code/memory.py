@@ -127,6 +127,14 @@ def step_bytes(shape: Shape, n_params: float, gpus: int = 1, scheme: str = "ddp"
     return out
 
 
+def by_kind(peak: dict) -> dict:
+    """A step's peak (step_bytes) in three kinds, in bytes: the model state (weights, gradients, optimizer),
+    the logits with the loss's temporaries, and the activations (the rest)."""
+    state = peak["weights"] + peak["grads"] + peak["optimizer"]
+    logits = peak["logits"] + peak["logit temporaries"]
+    return {"state": state, "activations": peak["total"] - state - logits, "logits": logits}
+
+
 def measured_peak_prediction(shape: Shape, n_params: int, accum: int = 1, checkpoint: bool = False) -> int:
     """What measure.peak_memory should find for one optimizer step of the CPU path: the step's
     activation peak plus the fp32 gradients it creates, beyond the weights and the optimizer state

@@ -279,6 +279,26 @@ def test_the_cli_says_when_communication_dominates():
     assert "link unknown: give --link-gb-s" in custom.stdout
 
 
+def test_the_threshold_is_where_the_plans_communication_meets_its_compute():
+    # chapter 8: budget.py's comm/compute under DDP is T*/T_dev, with the plan's own c and β
+    e = budget.plan("--d-model 768 --n-layer 12 --seq-len 1024 --vocab-size 50257 --gpus 8 --gpu RTX4090 "
+                    "--micro-batch 2 --grad-accum 3".split())["est"]
+    c = e["flops"] / (e["tokens"] * e["n_params"])
+    beta = budget.sent_per_param("ddp", 8, 3)
+    assert beta == 2 * 7 / 8 * 4  # one fp32 all-reduce a step, whatever the accumulation
+    t_star = budget.comm_threshold(beta, gpus.GPUS["rtx4090"].peak_flops * budget.DEFAULT_MFU,
+                                   e["step"]["link_bytes_s"], c)
+    ratio = e["memory"]["ddp"]["comm_s"] / e["step"]["compute_s"]
+    assert math.isclose(ratio, t_star / (2 * 1024 * 3), rel_tol=1e-9)
+    assert budget.sent_per_param("zero3", 8, textbook=True) == 1.5 * budget.sent_per_param("ddp", 8)
+
+
+def test_the_peak_by_kind_adds_up():
+    peak = memory.step_bytes(memory.Shape(512, 8, 8, 512, 32, 8192), param_count(512, 8, 8192))
+    kinds = memory.by_kind(peak)
+    assert sum(kinds.values()) == peak["total"] and min(kinds.values()) > 0
+
+
 def test_page_gives_the_cli_text_or_its_error_and_the_figures_numbers():
     argv = ["--d-model", "768", "--n-layer", "12", "--gpus", "8", "--price-per-gpu-hour", "2"]
     out = budget.page(argv)

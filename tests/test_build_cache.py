@@ -31,7 +31,7 @@ def _run(nb, outputs, failed=False):
 APP = SimpleNamespace(env=SimpleNamespace(doc2path=lambda docname: REPO / f"{docname}.md"))
 
 
-@pytest.mark.parametrize("chapter", ["02_speed", "11_gpu_run"])
+@pytest.mark.parametrize("chapter", ["02_speed", "11_2_mfu"])
 def test_the_build_finds_a_chapter_that_nbval_ran(tmp_path, chapter):
     ipynb = nbformat.read(REPO / "chapters" / f"{chapter}.ipynb", as_version=4)
     outputs = {id(c): c.outputs for c in ipynb.cells if c.cell_type == "code"}

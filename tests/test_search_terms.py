@@ -26,10 +26,10 @@ def test_the_glossary_is_read_as_terms_and_chapters():
     rows = search_terms.glossary_terms(
         "| 术语 | 英文 | 定义 | 章节 |\n|---|---|---|---|\n"
         "| 前向/反向 | forward | … | [第2章](02_speed.md) |\n"
-        "| MFU（模型 FLOPs 利用率） | model FLOPs utilization | … | [第2章](02_speed.md)、[第11章](11_gpu_run.md) |\n"
+        "| MFU（模型 FLOPs 利用率） | model FLOPs utilization | … | [第2章](02_speed.md)、[第11章](11_2_mfu.md) |\n"
         "| 参数量 $N$ | parameter count | … | [第1章](01_data_model.md) |\n")
     assert rows == [(["前向", "反向"], ["chapters/02_speed"]),
-                    (["MFU"], ["chapters/02_speed", "chapters/11_gpu_run"]),
+                    (["MFU"], ["chapters/02_speed", "chapters/11_2_mfu"]),
                     (["参数量"], ["chapters/01_data_model"])]
     assert len(TERMS) > 40 and ("微批次", ["chapters/05_accumulation", "chapters/10_gpu"]) in TERMS
 
