@@ -22,6 +22,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
+from together import run_together
 
 from checkpoint import SAFE_GLOBALS
 from data import REPO
@@ -40,12 +41,18 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
 TOL = 1e-5
 
 
-def run(args, nproc=1, timeout=240, check=True, faults=None):
+def launch(args, nproc=1, faults=None):
+    """(argv, workers, env, cwd) of train_gpu.py's run: with `python` alone for 1 process, else torchrun."""
     script = SCRIPT if faults is None else FAULTY
     launcher = [sys.executable, script] if nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", script]
-    p = subprocess.Popen(launcher + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**ENV, "TRAIN_GPU_FAULTS": faults or ""}, cwd=REPO, start_new_session=True)
+    return launcher + args, nproc, {**ENV, "TRAIN_GPU_FAULTS": faults or ""}, REPO
+
+
+def run(args, nproc=1, timeout=240, check=True, faults=None):
+    argv, _, env, cwd = launch(args, nproc, faults)
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env, cwd=cwd, start_new_session=True)
     try:
         out, err = p.communicate(timeout=timeout)
     finally:
@@ -84,14 +91,20 @@ def runs(tmp_path_factory):
     """Uninterrupted runs of 8 AdamW steps, evaluated at the end on 3 batches (4 processes: one runs a
     padding batch): {(processes, scheme): out}, and a 1-process run with another micro-batch split (only
     the summation order differs) for the noise floor."""
-    outs = {}
-    for nproc, shard, micro in ((1, "ddp", 8), (1, "noise", 4), (2, "ddp", 4), (2, "fsdp", 2),
-                                (4, "ddp", 2), (4, "fsdp", 2)):
-        out = tmp_path_factory.mktemp(f"run{nproc}{shard}")
-        r = run(RUN + ["--micro-batch", str(micro), "--shard", "ddp" if shard == "noise" else shard,
-                       "--eval-every", str(STEPS), "--eval-batches", "3", "--out", str(out)], nproc=nproc)
-        outs[nproc, shard] = out, r.stdout
-    return outs
+    outs, launches = {}, {}
+    for nproc, shard, micro in ((4, "ddp", 2), (4, "fsdp", 2), (2, "ddp", 4), (2, "fsdp", 2),
+                                (1, "ddp", 8), (1, "noise", 4)):
+        outs[nproc, shard] = tmp_path_factory.mktemp(f"run{nproc}{shard}")
+        launches[nproc, shard] = launch(RUN + ["--micro-batch", str(micro), "--shard", "ddp" if shard == "noise"
+                                               else shard, "--eval-every", str(STEPS), "--eval-batches", "3",
+                                               "--out", str(outs[nproc, shard])], nproc=nproc)
+    return {key: (outs[key], checked(r).stdout) for key, r in run_together(launches).items()}
+
+
+def checked(r):
+    """A finished run of run_together, asserted to have exited 0 (as run() asserts)."""
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
 
 
 @slow
@@ -308,17 +321,28 @@ def test_sigterm_to_one_rank_stops_both_at_one_step_with_a_complete_checkpoint(s
     assert json.loads((d / "train_state.json").read_text(encoding="utf-8"))["step"] == step
 
 
-def resume_from(sigterm, tmp_path, nproc, shard, micro):
-    out = tmp_path / "resumed"
-    shutil.copytree(sigterm[0], out)
-    r = run(RUN + ["--micro-batch", str(micro), "--shard", shard, "--resume", "--out", str(out)], nproc=nproc)
-    assert "resumed from step_" in r.stdout and "saved by 2 process(es), fsdp" in r.stdout
+@pytest.fixture(scope="module")
+def resumed(sigterm, tmp_path_factory):
+    """The SIGTERM's checkpoint (2 processes, FSDP) resumed as it was saved and elsewhere, each from its own
+    copy, the runs started together: {(processes, scheme, micro-batch): out}."""
+    launches, outs = {}, {}
+    for nproc, shard, micro in ((4, "fsdp", 2), (2, "fsdp", 2), (2, "ddp", 4), (1, "ddp", 8)):
+        out = outs[nproc, shard, micro] = tmp_path_factory.mktemp(f"resumed{nproc}{shard}") / "resumed"
+        shutil.copytree(sigterm[0], out)
+        launches[nproc, shard, micro] = launch(RUN + ["--micro-batch", str(micro), "--shard", shard, "--resume",
+                                                      "--out", str(out)], nproc=nproc)
+    return {key: (outs[key], checked(r).stdout) for key, r in run_together(launches).items()}
+
+
+def resume_from(resumed, nproc, shard, micro):
+    out, stdout = resumed[nproc, shard, micro]
+    assert "resumed from step_" in stdout and "saved by 2 process(es), fsdp" in stdout
     return out
 
 
 @slow
-def test_resume_at_the_same_world_size_is_bitwise(runs, sigterm, tmp_path):
-    out = resume_from(sigterm, tmp_path, 2, "fsdp", 2)
+def test_resume_at_the_same_world_size_is_bitwise(runs, resumed):
+    out = resume_from(resumed, 2, "fsdp", 2)
     ref = weights(runs[2, "fsdp"][0])
     resumed = weights(out)
     assert all(torch.equal(ref[k], resumed[k]) for k in ref)
@@ -328,8 +352,8 @@ def test_resume_at_the_same_world_size_is_bitwise(runs, sigterm, tmp_path):
 
 @slow
 @pytest.mark.parametrize("nproc, shard, micro", [(1, "ddp", 8), (4, "fsdp", 2), (2, "ddp", 4)])
-def test_resume_fsdp_checkpoint_elsewhere(runs, sigterm, tmp_path, nproc, shard, micro):
-    out = resume_from(sigterm, tmp_path, nproc, shard, micro)
+def test_resume_fsdp_checkpoint_elsewhere(runs, resumed, nproc, shard, micro):
+    out = resume_from(resumed, nproc, shard, micro)
     diff = max_diff(weights(runs[2, "fsdp"][0]), weights(out))
     print(f"saved 2 fsdp, resumed {nproc} {shard}: max |Δθ| = {diff:.2e}")
     assert diff < TOL, diff
