@@ -13,9 +13,10 @@ in-process refusals, --help and init tests stay on the fast path, and no fast te
 The built book, once per session: `book_build` is one strict build of the current sources
 (`python -m bookbuild.build --strict`, which decides what to re-read and re-execute), `site` serves it on
 127.0.0.1 and `browser` is one headless Chromium, shared by test_browser.py, test_pages.py,
-test_calculator.py, test_search_terms.py and test_pdf.py. The tests that take them run after the other
-tests of tests/ (and so after nbval over the chapters, which fills the build's execution cache), one
-module after another, so the browser's event loop lives only while they run.
+test_calculator.py, test_search_terms.py and test_pdf.py (the PDF is built from that HTML). The tests
+that take them run after the other tests of tests/ (and so after nbval over the chapters, which fills
+the build's execution cache), one module after another, so the browser's event loop lives only while
+they run.
 """
 import functools
 import http.server
@@ -53,7 +54,11 @@ def pytest_configure(config):
 
 
 def uses_the_book(item) -> bool:
-    return bool(BOOK_FIXTURES & set(getattr(item, "fixturenames", ())))
+    """Whether the test takes the built book: one of the fixtures below, or the PDF's (test_pdf.built,
+    which takes book_build unless the HTML of these inputs is there already)."""
+    module = getattr(item, "module", None)
+    return bool(BOOK_FIXTURES & set(getattr(item, "fixturenames", ()))) or (
+        module is not None and module.__name__.rpartition(".")[2] == "test_pdf")
 
 
 def is_slow(item) -> bool:

@@ -89,8 +89,9 @@ slow = pytest.mark.slow  # starts processes (tests/conftest.py: the fast path le
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Uninterrupted runs of 8 AdamW steps, evaluated at the end on 3 batches (4 processes: one runs a
-    padding batch): {(processes, scheme): out}, and a 1-process run with another micro-batch split (only
-    the summation order differs) for the noise floor."""
+    padding batch): {(processes, scheme): (out, stdout)}, and a 1-process run with another micro-batch split
+    (only the summation order differs) for the noise floor; started together (tests/together.py), with
+    "ddp stopped": (out, the finished process), a DDP run stopped at step 4 for a resume under FSDP."""
     outs, launches = {}, {}
     for nproc, shard, micro in ((4, "ddp", 2), (4, "fsdp", 2), (2, "ddp", 4), (2, "fsdp", 2),
                                 (1, "ddp", 8), (1, "noise", 4)):
@@ -98,7 +99,12 @@ def runs(tmp_path_factory):
         launches[nproc, shard] = launch(RUN + ["--micro-batch", str(micro), "--shard", "ddp" if shard == "noise"
                                                else shard, "--eval-every", str(STEPS), "--eval-batches", "3",
                                                "--out", str(outs[nproc, shard])], nproc=nproc)
-    return {key: (outs[key], checked(r).stdout) for key, r in run_together(launches).items()}
+    # started with them, for test_resume_ddp_checkpoint_under_fsdp: 2 processes under DDP, stopped at step 4
+    stopped = tmp_path_factory.mktemp("ddp-stopped") / "ddp"
+    launches["ddp stopped"] = launch(RUN + ["--micro-batch", "4", "--out", str(stopped)], nproc=2, faults="stop=4")
+    ran = run_together(launches)
+    return {"ddp stopped": (stopped, ran.pop("ddp stopped")),
+            **{key: (outs[key], checked(r).stdout) for key, r in ran.items()}}
 
 
 def checked(r):
@@ -361,9 +367,10 @@ def test_resume_fsdp_checkpoint_elsewhere(runs, resumed, nproc, shard, micro):
 
 @slow
 def test_resume_ddp_checkpoint_under_fsdp(runs, tmp_path):
-    out = tmp_path / "ddp"
-    r = run(RUN + ["--micro-batch", "4", "--out", str(out)], nproc=2, check=False, faults="stop=4")
+    stopped, r = runs["ddp stopped"]
     assert r.returncode != 0 and "stopped by SIGTERM after step 4" in r.stdout
+    out = tmp_path / "ddp"
+    shutil.copytree(stopped, out)
     r = run(RUN + ["--micro-batch", "2", "--shard", "fsdp", "--resume", "--out", str(out)], nproc=2)
     assert "saved by 2 process(es), ddp" in r.stdout
     diff = max_diff(weights(runs[2, "ddp"][0]), weights(out))
@@ -804,9 +811,37 @@ def test_preflight_measures_the_box_and_trains_nothing(tmp_path, capsys):
     assert list((tmp_path / "o").iterdir()) == []  # no checkpoint, no record, no probe file left
 
 
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory):
+    """Runs that each one test checks, independent of one another, started together (tests/together.py):
+    {name: (its --out folder or the folder of its files, the finished process)}."""
+    d = {name: tmp_path_factory.mktemp(name.replace(" ", "-"))
+         for name in ("preflight", "hung", "fp16 inf", "memmap", "nan")}
+    launches = {
+        "preflight": launch(RUN + ["--micro-batch", "4", "--preflight", "--out", str(d["preflight"])], nproc=2),
+        # the last --timeout-s given wins: 5 s instead of RUN's 60
+        "hung": launch(RUN + ["--micro-batch", "4", "--timeout-s", "5", "--out", str(d["hung"])], nproc=2,
+                       faults="hang=1"),
+        "fp16 inf": launch(
+            ["--device", "cpu", "--precision", "fp16", "--d-model", "16", "--n-layer", "1", "--n-head", "2",
+             "--seq-len", "8", "--vocab-size", "512", "--micro-batch", "1", "--global-batch-tokens", "16",
+             "--steps", "3", "--log-every", "1", "--sample-tokens", "0", "--shard", "fsdp", "--save-every", "0",
+             "--timeout-s", "60", "--data", str(_tokens(d["fp16 inf"], 512)),
+             "--out", str(d["fp16 inf"] / "run")], nproc=2, faults="inf=2"),
+        "memmap": launch(TINY + ["--micro-batch", "8", "--steps", "2", "--log-every", "1", "--data",
+                                 str(_tokens(d["memmap"], 8192)), "--out", str(d["memmap"] / "run"),
+                                 "--sample-tokens", "4"]),
+        "nan": launch(TINY + ["--micro-batch", "8", "--steps", "12", "--log-every", "4", "--save-every", "4",
+                              "--out", str(d["nan"])], faults="nan=6"),
+    }
+    ran = run_together(launches, timeout=240)
+    return {name: (d[name], r) for name, r in ran.items()}
+
+
 @slow
-def test_preflight_on_two_processes_measures_the_all_reduce(tmp_path):
-    r = run(RUN + ["--micro-batch", "4", "--preflight", "--out", str(tmp_path)], nproc=2)
+def test_preflight_on_two_processes_measures_the_all_reduce(alone):
+    tmp_path, r = alone["preflight"]
+    checked(r)
     assert "preflight: 2 process(es) on cpu" in r.stdout and "all-reduce 8 MiB: bus bandwidth" in r.stdout, r.stdout
     matmul = next(x for x in r.stdout.splitlines() if "matmul" in x)
     assert len(matmul.split("per process: ")[1].split(" GFLOP/s")[0].split(", ")) == 2  # each process's own
@@ -881,33 +916,27 @@ def test_fuzzed_metadata_and_train_state_are_refused_in_one_sentence(tiny, tmp_p
 
 
 @slow
-def test_a_hung_process_is_one_sentence_after_the_timeout(tmp_path):
-    # the last --timeout-s given wins: 5 s instead of RUN's 60
-    r = run(RUN + ["--micro-batch", "4", "--timeout-s", "5", "--out", str(tmp_path)],
-            nproc=2, check=False, timeout=120, faults="hang=1")
+def test_a_hung_process_is_one_sentence_after_the_timeout(alone):
+    _, r = alone["hung"]
     line = next(x for x in r.stderr.splitlines() if x.startswith("error: process 0"))
     assert r.returncode != 0 and "a collective failed" in line and "another process died or waited longer than " \
         "--timeout-s 5 (after the first step --step-timeout-s 5)" in line, r.stderr
 
 
 @slow
-def test_nan_stops_with_last_good_checkpoint(tmp_path):
-    r = run(TINY + ["--micro-batch", "8", "--steps", "12", "--log-every", "4", "--save-every", "4",
-                    "--out", str(tmp_path)], check=False, faults="nan=6")
+def test_nan_stops_with_last_good_checkpoint(alone):
+    tmp_path, r = alone["nan"]
     assert r.returncode == 3
     assert "NaN/inf at or before step 8" in r.stdout and "Traceback" not in r.stderr
     assert [d.name for d in ckpt_dirs(tmp_path)] == ["step_00000004"]
 
 
 @slow
-def test_fp16_with_grad_scaler_skips_an_inf_step_under_fsdp(tmp_path):
+def test_fp16_with_grad_scaler_skips_an_inf_step_under_fsdp(alone):
     """fp16 (a GPU without bf16) on 2 CPU processes under FSDP: an inf in rank 0's shard of the
     gradients skips the step on both ranks (the overflow flag is all-reduced)."""
-    r = run(["--device", "cpu", "--precision", "fp16", "--d-model", "16", "--n-layer", "1", "--n-head", "2",
-             "--seq-len", "8", "--vocab-size", "512", "--micro-batch", "1", "--global-batch-tokens", "16",
-             "--steps", "3", "--log-every", "1", "--sample-tokens", "0", "--shard", "fsdp", "--save-every", "0",
-             "--timeout-s", "60", "--data", str(_tokens(tmp_path, 512)),
-             "--out", str(tmp_path / "run")], nproc=2, faults="inf=2")
+    _, r = alone["fp16 inf"]
+    checked(r)
     assert "precision: FSDP2 MixedPrecisionPolicy(param_dtype=fp16, reduce_dtype=fp32), GradScaler" in r.stdout
     steps = [x for x in r.stdout.splitlines() if x.startswith("step")]
     assert [x.endswith(f"fp16 steps skipped {n}") for x, n in zip(steps, (0, 1, 1))] == [True] * 3, steps
@@ -920,9 +949,9 @@ def _tokens(tmp_path, vocab, n=20_000):
 
 
 @slow
-def test_memmap_token_file(tmp_path):
-    r = run(TINY + ["--micro-batch", "8", "--steps", "2", "--log-every", "1", "--data", str(_tokens(tmp_path, 8192)),
-                    "--out", str(tmp_path / "run"), "--sample-tokens", "4"])
+def test_memmap_token_file(alone):
+    _, r = alone["memmap"]
+    checked(r)
     assert "tokens.bin (uint16 memmap; last 5%, 1,000 tokens, held out), 19,000 tokens" in r.stdout
     assert "tokenizer: unknown" in r.stdout and "sample: skipped" in r.stdout
 
