@@ -91,7 +91,8 @@ def runs(tmp_path_factory):
     """Uninterrupted runs of 8 AdamW steps, evaluated at the end on 3 batches (4 processes: one runs a
     padding batch): {(processes, scheme): (out, stdout)}, and a 1-process run with another micro-batch split
     (only the summation order differs) for the noise floor; started together (tests/together.py), with
-    "ddp stopped": (out, the finished process), a DDP run stopped at step 4 for a resume under FSDP."""
+    "ddp stopped": (out, the finished process), a DDP run stopped at step 4 for a resume under FSDP, and
+    "two nodes": (out, [the two launches]), two torchrun nodes of one process meeting through c10d."""
     outs, launches = {}, {}
     for nproc, shard, micro in ((4, "ddp", 2), (4, "fsdp", 2), (2, "ddp", 4), (2, "fsdp", 2),
                                 (1, "ddp", 8), (1, "noise", 4)):
@@ -102,8 +103,15 @@ def runs(tmp_path_factory):
     # started with them, for test_resume_ddp_checkpoint_under_fsdp: 2 processes under DDP, stopped at step 4
     stopped = tmp_path_factory.mktemp("ddp-stopped") / "ddp"
     launches["ddp stopped"] = launch(RUN + ["--micro-batch", "4", "--out", str(stopped)], nproc=2, faults="stop=4")
+    # and for test_two_nodes_with_c10d_rendezvous_match_one_node, first (neither waits for the other's slot)
+    two_nodes, port = tmp_path_factory.mktemp("two-nodes"), _free_port()
+    node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"test{port}",
+            "--rdzv-conf", "join_timeout=20", SCRIPT] + RUN + ["--micro-batch", "4", "--out", str(two_nodes)]
+    launches = {"node 0": (node, 1, ENV, REPO), "node 1": (node, 1, ENV, REPO), **launches}
     ran = run_together(launches)
     return {"ddp stopped": (stopped, ran.pop("ddp stopped")),
+            "two nodes": (two_nodes, [ran.pop("node 0"), ran.pop("node 1")]),
             **{key: (outs[key], checked(r).stdout) for key, r in ran.items()}}
 
 
@@ -328,16 +336,24 @@ def test_sigterm_to_one_rank_stops_both_at_one_step_with_a_complete_checkpoint(s
 
 
 @pytest.fixture(scope="module")
-def resumed(sigterm, tmp_path_factory):
+def resumed(runs, sigterm, tmp_path_factory):
     """The SIGTERM's checkpoint (2 processes, FSDP) resumed as it was saved and elsewhere, each from its own
-    copy, the runs started together: {(processes, scheme, micro-batch): out}."""
+    copy, the runs started together: {(processes, scheme, micro-batch): (out, stdout)}; with them, "cut":
+    (out, the finished process), the 1-process run resumed over a save that was cut."""
     launches, outs = {}, {}
     for nproc, shard, micro in ((4, "fsdp", 2), (2, "fsdp", 2), (2, "ddp", 4), (1, "ddp", 8)):
         out = outs[nproc, shard, micro] = tmp_path_factory.mktemp(f"resumed{nproc}{shard}") / "resumed"
         shutil.copytree(sigterm[0], out)
         launches[nproc, shard, micro] = launch(RUN + ["--micro-batch", str(micro), "--shard", shard, "--resume",
                                                       "--out", str(out)], nproc=nproc)
-    return {key: (outs[key], checked(r).stdout) for key, r in run_together(launches).items()}
+    cut = outs["cut"] = tmp_path_factory.mktemp("cut") / "cut"
+    shutil.copytree(runs[1, "ddp"][0], cut)
+    (cut / "checkpoints" / "step_00000009").mkdir()
+    (cut / "checkpoints" / "step_00000009" / "__0_0.distcp").write_bytes(b"half")  # killed before .metadata
+    (cut / "model.pt.tmp").write_bytes(b"half")
+    launches["cut"] = launch(RUN + ["--steps", "10", "--micro-batch", "8", "--resume", "--out", str(cut)])
+    ran = run_together(launches)
+    return {"cut": (cut, ran.pop("cut")), **{key: (outs[key], checked(r).stdout) for key, r in ran.items()}}
 
 
 def resume_from(resumed, nproc, shard, micro):
@@ -379,14 +395,11 @@ def test_resume_ddp_checkpoint_under_fsdp(runs, tmp_path):
 
 
 @slow
-def test_a_cut_save_leaves_the_previous_checkpoint(runs, tmp_path):
-    out = tmp_path / "cut"
-    shutil.copytree(runs[1, "ddp"][0], out)
-    cut = out / "checkpoints" / "step_00000009"
-    cut.mkdir()
-    (cut / "__0_0.distcp").write_bytes(b"half")  # a save killed before DCP wrote .metadata
-    (out / "model.pt.tmp").write_bytes(b"half")
-    r = run(RUN + ["--steps", "10", "--micro-batch", "8", "--resume", "--out", str(out)])
+def test_a_cut_save_leaves_the_previous_checkpoint(resumed):
+    # the 1-process run's folder with a save that was cut (resumed["cut"]: its checkpoint step_00000009
+    # holds a shard and no .metadata, and model.pt.tmp is half written), resumed to step 10
+    out, r = resumed["cut"]
+    checked(r)
     assert "removed checkpoints/step_00000009, a checkpoint whose save was cut" in r.stdout
     assert "resumed from step_00000008 at step 8" in r.stdout and not (out / "model.pt.tmp").exists()
 
@@ -769,12 +782,12 @@ def test_processes_that_chose_different_steps_refuse_in_one_sentence(capsys, mon
 
 
 @slow
-def test_processes_that_see_different_checkpoints_refuse_to_resume(tmp_path):
+def test_processes_that_see_different_checkpoints_refuse_to_resume(alone):
     """The last of 2 processes does not see the newest checkpoint (a bucket mount still syncing): after
     joining they compare the steps they chose, and both refuse in one sentence naming both."""
-    out = tmp_path / "out"
-    main_here(SMALL + ["--steps", "2", "--save-every", "1", "--out", str(out)])
-    r = run(SMALL + ["--steps", "3", "--resume", "--out", str(out)], nproc=2, check=False, faults="stale=1")
+    # alone["stale"]: main_here(SMALL + ["--steps", "2", "--save-every", "1"]), then the stale=1 fault's 2-process
+    # resume of it
+    _, r = alone["stale"]
     errors = [x for x in r.stderr.splitlines() if x.startswith("error: ")]
     assert r.returncode != 0 and errors, r.stdout + r.stderr
     assert "do not see the same checkpoints" in errors[0] and "some chose step_00000001, others step_00000002" in \
@@ -816,8 +829,12 @@ def alone(tmp_path_factory):
     """Runs that each one test checks, independent of one another, started together (tests/together.py):
     {name: (its --out folder or the folder of its files, the finished process)}."""
     d = {name: tmp_path_factory.mktemp(name.replace(" ", "-"))
-         for name in ("preflight", "hung", "fp16 inf", "memmap", "nan")}
+         for name in ("preflight", "hung", "fp16 inf", "memmap", "nan", "stale")}
+    # for test_processes_that_see_different_checkpoints_refuse_to_resume: two checkpoints, made here
+    main_here(SMALL + ["--steps", "2", "--save-every", "1", "--out", str(d["stale"] / "out")])
     launches = {
+        "stale": launch(SMALL + ["--steps", "3", "--resume", "--out", str(d["stale"] / "out")], nproc=2,
+                        faults="stale=1"),
         "preflight": launch(RUN + ["--micro-batch", "4", "--preflight", "--out", str(d["preflight"])], nproc=2),
         # the last --timeout-s given wins: 5 s instead of RUN's 60
         "hung": launch(RUN + ["--micro-batch", "4", "--timeout-s", "5", "--out", str(d["hung"])], nproc=2,
@@ -1073,24 +1090,13 @@ def _free_port():
 
 
 @slow
-def test_two_nodes_with_c10d_rendezvous_match_one_node(runs, tmp_path):
+def test_two_nodes_with_c10d_rendezvous_match_one_node(runs):
     """Two torchrun "nodes" on this machine (one gloo process each) meet through c10d rendezvous on
     127.0.0.1: the same arithmetic as one node with 2 processes, so the same parameters, bitwise."""
-    port = _free_port()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"test{port}",
-           "--rdzv-conf", "join_timeout=20", SCRIPT] + RUN + ["--micro-batch", "4", "--out", str(tmp_path)]
-    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=REPO,
-                              start_new_session=True) for _ in range(2)]
-    try:
-        outs = [p.communicate(timeout=150) for p in nodes]
-    finally:
-        for p in nodes:  # a node left waiting for its partner: end it and its workers
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    out, nodes = runs["two nodes"]
+    outs = [(p.stdout, p.stderr) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], outs
-    ref, two_nodes = weights(runs[2, "ddp"][0]), weights(tmp_path)
+    ref, two_nodes = weights(runs[2, "ddp"][0]), weights(out)
     assert all(torch.equal(ref[k], two_nodes[k]) for k in ref)
 
 
