@@ -1,7 +1,7 @@
 """The book as a reader meets it: every page of _toc.yml opened in headless Chromium.
 
-Builds the book (strict) if needed, serves _build/html on 127.0.0.1 and checks each page: no console
-errors, its chapter title, its code outputs, its figures decoded, its math rendered. Search for a Chinese
+Takes the session's strict build of the book (tests/conftest.py), served on 127.0.0.1, and checks each
+page: no console errors, its chapter title, its code outputs, its figures decoded, its math rendered. Search for a Chinese
 word from chapter 9 must find chapter 9. A full-page screenshot of each page is kept in
 _build/screenshots/ to look at. No glued value on a built page reads as a Python repr (True, None, nan).
 Every image in a page's cell outputs carries alt text, and in the theme's dark mode every figure is
@@ -11,15 +11,8 @@ row for every chapter, each executed.
 Needs Debian's chromium (/usr/bin/chromium; `.ci/run` installs it). Without it the tests that build the
 book skip, except in CI (CI=true), where a missing browser is a failure.
 """
-import functools
 import html
-import http.server
-import os
 import re
-import shutil
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -29,12 +22,7 @@ from bookbuild import book
 REPO = Path(__file__).resolve().parent.parent
 HTML = REPO / "_build" / "html"
 SHOTS = REPO / "_build" / "screenshots"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SEARCH_WORD, SEARCH_PAGE = "递减", "chapters/09_scaling"  # 收益递减: diminishing returns
-
-if not CHROMIUM and os.environ.get("CI") == "true":
-    raise RuntimeError("CI needs Debian's chromium for the browser tests: apt-get install chromium")
-NO_CHROMIUM = "no chromium on this machine (apt-get install chromium)"
 
 
 def toc_pages():
@@ -45,35 +33,8 @@ def page_title(docname):
     return book.title(REPO / f"{docname}.md")
 
 
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):  # one line per request would bury the test output
-        pass
-
-
-@pytest.fixture(scope="module")
-def site():
-    if not CHROMIUM:  # the book is built only where its pages can be opened
-        pytest.skip(NO_CHROMIUM)
-    build = subprocess.run([sys.executable, "-m", "bookbuild.build", "--strict"], cwd=REPO)
-    assert build.returncode == 0, "the strict book build failed"
-    handler = functools.partial(QuietHandler, directory=str(HTML))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM:
-        pytest.skip(NO_CHROMIUM)
-    playwright = pytest.importorskip("playwright.sync_api")
-    with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
-        yield b
-        b.close()
+# The fixtures `site` (the session's strict build, served on 127.0.0.1) and `browser` (one headless
+# Chromium) are tests/conftest.py's, shared with the other tests of the built book.
 
 
 # An image's alt text says what it shows. Without the cell option mystnb: image: alt:, myst-nb writes the

@@ -9,24 +9,19 @@ budget.main on it here in CPython, and asserts that the page shows exactly that 
 one-line error and no figures), that the numbers it drew are budget.page's, and that no label in the
 figures overlaps another or a memory line, as the browser renders them.
 
-Needs Debian's chromium, like tests/test_browser.py (whose build-and-serve fixture it uses).
+Needs Debian's chromium, like tests/test_browser.py (the build-and-serve fixtures are tests/conftest.py's).
 """
 import json
 import random
 import shlex
-import sys
-from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_browser import browser, site  # noqa: E402,F401  (fixtures: the strict build, served; chromium)
-
-import arguments  # noqa: E402
-import budget  # noqa: E402
-import memory  # noqa: E402
-from gpus import CATALOG  # noqa: E402
+import arguments
+import budget
+import memory
+from gpus import CATALOG
 
 N_CONFIGS = 220
 SEED = 7
@@ -222,7 +217,7 @@ SHOWN = """() => {
 
 
 @pytest.fixture(scope="module")
-def calculator(site, browser):  # noqa: F811  (the fixtures imported from test_browser)
+def calculator(site, browser):
     """The chapter's page with the calculator loaded; every request that is not to the local server fails."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     blocked, errors = [], []

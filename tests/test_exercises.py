@@ -103,14 +103,30 @@ def test_every_exercise_has_its_files():
         assert len(on_disk) >= 2
 
 
+def answers(name: str) -> list:
+    """The files test_exercise checks: the solution, the second correct answer, the wrong ones, the skeleton."""
+    return [checks.HERE / "solutions" / f"{name}.py", checks.HERE / "solutions" / "alt" / f"{name}.py",
+            *(checks.HERE / "wrong" / f"{name}__{what}.py" for what in WRONG[name]), checks.HERE / f"{name}.py"]
+
+
+@pytest.fixture(scope="module")
+def launched():
+    """checks.verdicts of every multi-process exercise, their launches started together (each in a thread
+    that waits on its torchrun): {name: verdicts}."""
+    from concurrent.futures import ThreadPoolExecutor
+    names = [name for name, nproc in checks.EXERCISES.items() if nproc]
+    with ThreadPoolExecutor(len(names)) as pool:
+        return dict(zip(names, pool.map(lambda name: checks.verdicts(name, answers(name)), names)))
+
+
 @pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.slow] if nproc else [])
                                   for name, nproc in checks.EXERCISES.items()])
-def test_exercise(name):
+def test_exercise(name, request):
     skeleton = checks.HERE / f"{name}.py"
-    wrong = {what: checks.HERE / "wrong" / f"{name}__{what}.py" for what in WRONG[name]}
-    paths = [checks.HERE / "solutions" / f"{name}.py", checks.HERE / "solutions" / "alt" / f"{name}.py",
-             *wrong.values(), skeleton]
-    solution, alt, *caught, unwritten = checks.verdicts(name, paths)
+    paths = answers(name)
+    # a multi-process exercise's launch, started with the others'; a one-process exercise here
+    verdicts = request.getfixturevalue("launched")[name] if checks.EXERCISES[name] else checks.verdicts(name, paths)
+    solution, alt, *caught, unwritten = verdicts
     assert solution is None, f"the book's solution fails: {solution}"
     assert alt is None, f"the second correct answer fails: {alt}"
     for (what, pattern), sentence in zip(WRONG[name].items(), caught):

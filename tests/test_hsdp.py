@@ -6,7 +6,8 @@ uninterrupted run ends (bitwise when resumed as it was saved). The bytes by link
 import shutil
 
 import pytest
-from test_train_gpu import RUN, TOL, max_diff, run, slow, train_log, weights
+from test_train_gpu import RUN, TOL, checked, launch, max_diff, run, slow, train_log, weights
+from together import run_together
 
 import memory
 import train_gpu
@@ -95,13 +96,13 @@ def test_the_default_shard_group_is_a_machine(monkeypatch):
 @pytest.fixture(scope="module")
 def hsdp_runs(tmp_path_factory):
     """One process; HSDP 2×2 uninterrupted; HSDP 2×2 stopped (a SIGTERM at step 4) with its checkpoint."""
-    outs = {}
-    for name, nproc, flags, faults in (("one", 1, ON["one"][1], None), ("hsdp", 4, HSDP, None),
-                                       ("stopped", 4, HSDP, "stop=4")):
-        out = tmp_path_factory.mktemp(name)
-        r = run(RUN + flags + ["--out", str(out)], nproc=nproc, check=faults is None, faults=faults)
-        outs[name] = out, r.stdout
-    return outs
+    outs, launches = {}, {}
+    for name, nproc, flags, faults in (("hsdp", 4, HSDP, None), ("stopped", 4, HSDP, "stop=4"),
+                                       ("one", 1, ON["one"][1], None)):
+        outs[name] = tmp_path_factory.mktemp(name)
+        launches[name] = launch(RUN + flags + ["--out", str(outs[name])], nproc=nproc, faults=faults)
+    ran = run_together(launches)
+    return {name: (outs[name], (checked(r) if name != "stopped" else r).stdout) for name, r in ran.items()}
 
 
 @slow
@@ -114,17 +115,33 @@ def test_hsdp_ends_with_the_parameters_of_one_process(hsdp_runs):
     assert diff < TOL, diff
 
 
-def resume(hsdp_runs, tmp_path, on: str, source="stopped", faults=None):
+def resume(hsdp_runs, tmp_path, on: str, source="stopped", faults=None, now=True):
+    """The stopped run's checkpoint (or source's) copied and resumed on `on`; with now=False, the launch
+    to start (run_together) instead of the run's (out, stdout)."""
     nproc, flags = ON[on]
     out = tmp_path / f"resumed-{on}"
     shutil.copytree(hsdp_runs[source][0] if isinstance(source, str) else source, out, dirs_exist_ok=True)
-    r = run(RUN + flags + ["--resume", "--out", str(out)], nproc=nproc, check=faults is None, faults=faults)
+    args = RUN + flags + ["--resume", "--out", str(out)]
+    if not now:
+        return out, launch(args, nproc=nproc, faults=faults)
+    r = run(args, nproc=nproc, check=faults is None, faults=faults)
     return out, r.stdout
 
 
+@pytest.fixture(scope="module")
+def resumed(hsdp_runs, tmp_path_factory):
+    """The stopped HSDP checkpoint resumed as saved, under DDP, on one process and under FSDP on 2 (with a
+    stop at step 6), each from its own copy, started together: {on: (out, stdout)}."""
+    outs, launches = {}, {}
+    for on, faults in (("hsdp4", None), ("fsdp2", "stop=6"), ("ddp2", None), ("one", None)):
+        outs[on], launches[on] = resume(hsdp_runs, tmp_path_factory.mktemp(on), on, faults=faults, now=False)
+    ran = run_together(launches)
+    return {on: (outs[on], (checked(r) if on != "fsdp2" else r).stdout) for on, r in ran.items()}
+
+
 @slow
-def test_hsdp_checkpoint_resumed_as_saved_is_bitwise(hsdp_runs, tmp_path):
-    out, stdout = resume(hsdp_runs, tmp_path, "hsdp4")
+def test_hsdp_checkpoint_resumed_as_saved_is_bitwise(hsdp_runs, resumed):
+    out, stdout = resumed["hsdp4"]
     assert "saved by 4 process(es), hsdp" in stdout
     ref, resumed = weights(hsdp_runs["hsdp"][0]), weights(out)
     assert all((ref[k] == resumed[k]).all() for k in ref)
@@ -133,18 +150,18 @@ def test_hsdp_checkpoint_resumed_as_saved_is_bitwise(hsdp_runs, tmp_path):
 
 @slow
 @pytest.mark.parametrize("on", ["ddp2", "one"])
-def test_hsdp_checkpoint_resumes_under_ddp_and_one_process(hsdp_runs, tmp_path, on):
-    out, _ = resume(hsdp_runs, tmp_path, on)
+def test_hsdp_checkpoint_resumes_under_ddp_and_one_process(hsdp_runs, resumed, on):
+    out, _ = resumed[on]
     diff = max_diff(weights(hsdp_runs["one"][0]), weights(out))
     print(f"saved HSDP 2×2 at step 4, resumed {on}: max |Δθ| = {diff:.2e}")
     assert diff < TOL, diff
 
 
 @slow
-def test_hsdp_to_fsdp_and_back(hsdp_runs, tmp_path):
+def test_hsdp_to_fsdp_and_back(hsdp_runs, resumed, tmp_path):
     """Saved under HSDP at step 4, resumed under FSDP on 2 processes and stopped again at 6, resumed
     under HSDP to the end."""
-    mid, stdout = resume(hsdp_runs, tmp_path, "fsdp2", faults="stop=6")
+    mid, stdout = resumed["fsdp2"]
     assert "stopped by SIGTERM after step 6" in stdout
     out, stdout = resume(hsdp_runs, tmp_path, "hsdp4", source=mid)
     assert "saved by 2 process(es), fsdp" in stdout

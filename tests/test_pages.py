@@ -21,14 +21,14 @@
 - Each chapter says on its first screen, right after its first paragraph, how long it took to execute and
   on which CPU, linking to the provenance page (bookbuild/provenance.py).
 
-Uses the site and browser fixtures of tests/test_browser.py (a strict build of the book, served on
-127.0.0.1). The unit tests at the end need neither.
+Uses the site and browser fixtures of tests/conftest.py (the session's strict build of the book, served
+on 127.0.0.1; one Chromium). The unit tests at the end need neither.
 """
 import json
 import re
 
 import pytest
-from test_browser import REPO, browser, site, toc_pages  # noqa: F401  (browser, site: the fixtures)
+from test_browser import REPO, toc_pages
 
 from bookbuild import book, pages
 
@@ -96,7 +96,7 @@ MEASURE_JS = """() => {
 
 
 @pytest.fixture(scope="module")
-def measured(site, browser):  # noqa: F811
+def measured(site, browser):
     """What MEASURE_JS finds on every page at each width: {(docname, width): {...}}."""
     found = {}
     for width in WIDTHS:

@@ -45,10 +45,11 @@ def html_is_current() -> bool:
 
 
 @pytest.fixture(scope="module")
-def built():
-    """The PDF's text, one string per page; built after the HTML, which the glued values come from."""
+def built(request):
+    """The PDF's text, one string per page; built after the HTML, which the glued values come from (the
+    session's strict build, tests/conftest.py's book_build, where no current one is there)."""
     if not html_is_current():
-        assert subprocess.run([sys.executable, "-m", "bookbuild.build", "--strict"], cwd=REPO).returncode == 0
+        request.getfixturevalue("book_build")
     assert subprocess.run([sys.executable, "-m", "bookbuild.pdf"], cwd=REPO).returncode == 0
     text = subprocess.run(["pdftotext", "-enc", "UTF-8", str(pdf.OUT), "-"], capture_output=True,
                           text=True, check=True).stdout

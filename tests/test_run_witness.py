@@ -3,17 +3,16 @@ holds on 2 and 4 gloo processes (code/run_witness.py hooks its collectives from 
 launched as two machines of two processes, which of HSDP's messages cross between the machines."""
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "code"))
+from together import run_together  # noqa: E402
+
 import memory  # noqa: E402
-from script_support import run_script  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WITNESS = REPO / "code" / "run_witness.py"
@@ -54,41 +53,51 @@ def check(record: dict, world: int, gpus_per_node: int | None = None) -> list:
     return links
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 4])
-def test_the_description_equals_the_counted_bytes(tmp_path, world):
-    out = tmp_path / "witness.json"
-    run_script(WITNESS, ["--out", str(out)], nproc=world, cwd=REPO, timeout_s=240)
-    record = json.loads(out.read_text())
-    check(record, world)
-    assert any(r["combo"]["scheme"] == "hsdp" for r in record["runs"]) == (world == 4)
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+@pytest.fixture(scope="module")
+def witnessed(tmp_path_factory):
+    """The witness's runs, started together: on 2 and on 4 processes of one launch (what run_script
+    starts), and on two launches of 2 processes that meet through c10d on 127.0.0.1, as launch/ starts two
+    machines (both launches first, so that neither waits for the other's slots):
+    {2: (path, CompletedProcess), 4: ..., "two machines": (path, [the two launches' CompletedProcess])}."""
+    d = tmp_path_factory.mktemp("witness")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    port, two = _free_port(), d / "two-machines.json"
+    node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"witness{port}",
+            "--rdzv-conf", "join_timeout=30", str(WITNESS), "--out", str(two), "--schemes", "hsdp", "ddp"]
+
+    def one_launch(world):
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+                str(WITNESS), "--out", str(d / f"witness{world}.json")], world, env, REPO
+    ran = run_together({"node 0": (node, 2, env, REPO), "node 1": (node, 2, env, REPO),
+                        4: one_launch(4), 2: one_launch(2)}, timeout=300)
+    return {2: (d / "witness2.json", ran[2]), 4: (d / "witness4.json", ran[4]),
+            "two machines": (two, [ran["node 0"], ran["node 1"]])}
+
+
 @pytest.mark.slow
-def test_hsdp_on_two_machines_sends_only_the_all_reduce_between_them(tmp_path):
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_description_equals_the_counted_bytes(witnessed, world):
+    out, p = witnessed[world]
+    assert p.returncode == 0, f"run_witness.py exited with {p.returncode}:\n{(p.stdout + p.stderr)[-3000:]}"
+    record = json.loads(out.read_text())
+    check(record, world)
+    assert any(r["combo"]["scheme"] == "hsdp" for r in record["runs"]) == (world == 4)
+
+
+@pytest.mark.slow
+def test_hsdp_on_two_machines_sends_only_the_all_reduce_between_them(witnessed):
     """Two torchrun launches of 2 processes meet through c10d on 127.0.0.1, as launch/ starts two machines:
     HSDP's all-gathers and reduce-scatters stay inside each launch, its all-reduce crosses, byte for byte as
     memory.run_sent_by_link splits them."""
-    port, out = _free_port(), tmp_path / "witness.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"witness{port}",
-           "--rdzv-conf", "join_timeout=30", str(WITNESS), "--out", str(out), "--schemes", "hsdp", "ddp"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
-                              start_new_session=True) for _ in range(2)]
-    try:
-        outs = [p.communicate(timeout=300) for p in nodes]
-    finally:
-        for p in nodes:  # a launch left waiting for its partner: end it and its workers
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    out, nodes = witnessed["two machines"]
+    outs = [(p.stdout, p.stderr) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], outs
     record = json.loads(out.read_text())
     assert record["gpus_per_node"] == 2

@@ -14,7 +14,7 @@ import re
 from urllib.parse import quote
 
 import pytest
-from test_browser import REPO, browser, open_page, site  # noqa: F401  (browser, site: the fixtures)
+from test_browser import REPO, open_page
 
 from bookbuild import book, search, search_terms
 
@@ -56,7 +56,7 @@ def listed_chapters(hrefs) -> list[str]:
     return [m.group(1) for h in hrefs if (m := re.search(r"/(chapters/[^/#?]+)\.html", h))]
 
 
-def test_search_finds_the_chapters_the_glossary_links(site, browser):  # noqa: F811
+def test_search_finds_the_chapters_the_glossary_links(site, browser):
     # every term in one page, through the search's own code: one page per term took two minutes
     page, errors = open_page(browser, f"{site}/search.html?q=%E6%90%9C%E7%B4%A2")
     try:
@@ -77,7 +77,7 @@ UI_TERMS = [TERMS[0][0], "微批次", TERMS[len(TERMS) // 2][0], TERMS[-1][0]]
 
 
 @pytest.mark.parametrize("word", UI_TERMS)
-def test_the_search_page_lists_what_its_search_finds(site, browser, word):  # noqa: F811
+def test_the_search_page_lists_what_its_search_finds(site, browser, word):
     # what a reader sees after typing the word: the same hits, in the same order, as search_in_page
     page, errors = open_page(browser, f"{site}/search.html?q={quote(word)}")
     try:
@@ -130,7 +130,7 @@ def test_sampled_words_come_from_every_chapter():
     assert all(w in prose(md) for md in chapters for w in words[md.name])
 
 
-def test_search_finds_words_sampled_from_every_chapter(site, browser):  # noqa: F811
+def test_search_finds_words_sampled_from_every_chapter(site, browser):
     page, errors = open_page(browser, f"{site}/search.html?q=%E6%90%9C%E7%B4%A2")
     try:
         missed, total = {}, 0
@@ -153,7 +153,7 @@ SECTION_WORDS = ["学习率", "检查点", "验证集", "梯度累积"]
 
 
 @pytest.mark.parametrize("word", SECTION_WORDS)
-def test_a_hit_opens_at_the_section_that_holds_the_word(site, browser, word):  # noqa: F811
+def test_a_hit_opens_at_the_section_that_holds_the_word(site, browser, word):
     page, errors = open_page(browser, f"{site}/search.html?q={quote(word)}")
     try:
         page.wait_for_function(
@@ -185,7 +185,7 @@ FIRST_HIT_JS = """() => { const a = document.querySelector('#search-results ul.s
 
 
 @pytest.mark.parametrize("word", FIRST_HIT_WORDS)
-def test_the_first_hit_opens_at_a_section_below_the_title(site, browser, word):  # noqa: F811
+def test_the_first_hit_opens_at_a_section_below_the_title(site, browser, word):
     page, errors = open_page(browser, f"{site}/search.html?q={quote(word)}")
     try:
         page.wait_for_function("() => { const s = document.querySelector('#search-results p.search-summary');"

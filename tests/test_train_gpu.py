@@ -22,6 +22,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
+from together import run_together
 
 from checkpoint import SAFE_GLOBALS
 from data import REPO
@@ -40,12 +41,18 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
 TOL = 1e-5
 
 
-def run(args, nproc=1, timeout=240, check=True, faults=None):
+def launch(args, nproc=1, faults=None):
+    """(argv, workers, env, cwd) of train_gpu.py's run: with `python` alone for 1 process, else torchrun."""
     script = SCRIPT if faults is None else FAULTY
     launcher = [sys.executable, script] if nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", script]
-    p = subprocess.Popen(launcher + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**ENV, "TRAIN_GPU_FAULTS": faults or ""}, cwd=REPO, start_new_session=True)
+    return launcher + args, nproc, {**ENV, "TRAIN_GPU_FAULTS": faults or ""}, REPO
+
+
+def run(args, nproc=1, timeout=240, check=True, faults=None):
+    argv, _, env, cwd = launch(args, nproc, faults)
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env, cwd=cwd, start_new_session=True)
     try:
         out, err = p.communicate(timeout=timeout)
     finally:
@@ -82,16 +89,36 @@ slow = pytest.mark.slow  # starts processes (tests/conftest.py: the fast path le
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Uninterrupted runs of 8 AdamW steps, evaluated at the end on 3 batches (4 processes: one runs a
-    padding batch): {(processes, scheme): out}, and a 1-process run with another micro-batch split (only
-    the summation order differs) for the noise floor."""
-    outs = {}
-    for nproc, shard, micro in ((1, "ddp", 8), (1, "noise", 4), (2, "ddp", 4), (2, "fsdp", 2),
-                                (4, "ddp", 2), (4, "fsdp", 2)):
-        out = tmp_path_factory.mktemp(f"run{nproc}{shard}")
-        r = run(RUN + ["--micro-batch", str(micro), "--shard", "ddp" if shard == "noise" else shard,
-                       "--eval-every", str(STEPS), "--eval-batches", "3", "--out", str(out)], nproc=nproc)
-        outs[nproc, shard] = out, r.stdout
-    return outs
+    padding batch): {(processes, scheme): (out, stdout)}, and a 1-process run with another micro-batch split
+    (only the summation order differs) for the noise floor; started together (tests/together.py), with
+    "ddp stopped": (out, the finished process), a DDP run stopped at step 4 for a resume under FSDP, and
+    "two nodes": (out, [the two launches]), two torchrun nodes of one process meeting through c10d."""
+    outs, launches = {}, {}
+    for nproc, shard, micro in ((4, "ddp", 2), (4, "fsdp", 2), (2, "ddp", 4), (2, "fsdp", 2),
+                                (1, "ddp", 8), (1, "noise", 4)):
+        outs[nproc, shard] = tmp_path_factory.mktemp(f"run{nproc}{shard}")
+        launches[nproc, shard] = launch(RUN + ["--micro-batch", str(micro), "--shard", "ddp" if shard == "noise"
+                                               else shard, "--eval-every", str(STEPS), "--eval-batches", "3",
+                                               "--out", str(outs[nproc, shard])], nproc=nproc)
+    # started with them, for test_resume_ddp_checkpoint_under_fsdp: 2 processes under DDP, stopped at step 4
+    stopped = tmp_path_factory.mktemp("ddp-stopped") / "ddp"
+    launches["ddp stopped"] = launch(RUN + ["--micro-batch", "4", "--out", str(stopped)], nproc=2, faults="stop=4")
+    # and for test_two_nodes_with_c10d_rendezvous_match_one_node, first (neither waits for the other's slot)
+    two_nodes, port = tmp_path_factory.mktemp("two-nodes"), _free_port()
+    node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"test{port}",
+            "--rdzv-conf", "join_timeout=20", SCRIPT] + RUN + ["--micro-batch", "4", "--out", str(two_nodes)]
+    launches = {"node 0": (node, 1, ENV, REPO), "node 1": (node, 1, ENV, REPO), **launches}
+    ran = run_together(launches)
+    return {"ddp stopped": (stopped, ran.pop("ddp stopped")),
+            "two nodes": (two_nodes, [ran.pop("node 0"), ran.pop("node 1")]),
+            **{key: (outs[key], checked(r).stdout) for key, r in ran.items()}}
+
+
+def checked(r):
+    """A finished run of run_together, asserted to have exited 0 (as run() asserts)."""
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
 
 
 @slow
@@ -308,17 +335,36 @@ def test_sigterm_to_one_rank_stops_both_at_one_step_with_a_complete_checkpoint(s
     assert json.loads((d / "train_state.json").read_text(encoding="utf-8"))["step"] == step
 
 
-def resume_from(sigterm, tmp_path, nproc, shard, micro):
-    out = tmp_path / "resumed"
-    shutil.copytree(sigterm[0], out)
-    r = run(RUN + ["--micro-batch", str(micro), "--shard", shard, "--resume", "--out", str(out)], nproc=nproc)
-    assert "resumed from step_" in r.stdout and "saved by 2 process(es), fsdp" in r.stdout
+@pytest.fixture(scope="module")
+def resumed(runs, sigterm, tmp_path_factory):
+    """The SIGTERM's checkpoint (2 processes, FSDP) resumed as it was saved and elsewhere, each from its own
+    copy, the runs started together: {(processes, scheme, micro-batch): (out, stdout)}; with them, "cut":
+    (out, the finished process), the 1-process run resumed over a save that was cut."""
+    launches, outs = {}, {}
+    for nproc, shard, micro in ((4, "fsdp", 2), (2, "fsdp", 2), (2, "ddp", 4), (1, "ddp", 8)):
+        out = outs[nproc, shard, micro] = tmp_path_factory.mktemp(f"resumed{nproc}{shard}") / "resumed"
+        shutil.copytree(sigterm[0], out)
+        launches[nproc, shard, micro] = launch(RUN + ["--micro-batch", str(micro), "--shard", shard, "--resume",
+                                                      "--out", str(out)], nproc=nproc)
+    cut = outs["cut"] = tmp_path_factory.mktemp("cut") / "cut"
+    shutil.copytree(runs[1, "ddp"][0], cut)
+    (cut / "checkpoints" / "step_00000009").mkdir()
+    (cut / "checkpoints" / "step_00000009" / "__0_0.distcp").write_bytes(b"half")  # killed before .metadata
+    (cut / "model.pt.tmp").write_bytes(b"half")
+    launches["cut"] = launch(RUN + ["--steps", "10", "--micro-batch", "8", "--resume", "--out", str(cut)])
+    ran = run_together(launches)
+    return {"cut": (cut, ran.pop("cut")), **{key: (outs[key], checked(r).stdout) for key, r in ran.items()}}
+
+
+def resume_from(resumed, nproc, shard, micro):
+    out, stdout = resumed[nproc, shard, micro]
+    assert "resumed from step_" in stdout and "saved by 2 process(es), fsdp" in stdout
     return out
 
 
 @slow
-def test_resume_at_the_same_world_size_is_bitwise(runs, sigterm, tmp_path):
-    out = resume_from(sigterm, tmp_path, 2, "fsdp", 2)
+def test_resume_at_the_same_world_size_is_bitwise(runs, resumed):
+    out = resume_from(resumed, 2, "fsdp", 2)
     ref = weights(runs[2, "fsdp"][0])
     resumed = weights(out)
     assert all(torch.equal(ref[k], resumed[k]) for k in ref)
@@ -328,8 +374,8 @@ def test_resume_at_the_same_world_size_is_bitwise(runs, sigterm, tmp_path):
 
 @slow
 @pytest.mark.parametrize("nproc, shard, micro", [(1, "ddp", 8), (4, "fsdp", 2), (2, "ddp", 4)])
-def test_resume_fsdp_checkpoint_elsewhere(runs, sigterm, tmp_path, nproc, shard, micro):
-    out = resume_from(sigterm, tmp_path, nproc, shard, micro)
+def test_resume_fsdp_checkpoint_elsewhere(runs, resumed, nproc, shard, micro):
+    out = resume_from(resumed, nproc, shard, micro)
     diff = max_diff(weights(runs[2, "fsdp"][0]), weights(out))
     print(f"saved 2 fsdp, resumed {nproc} {shard}: max |Δθ| = {diff:.2e}")
     assert diff < TOL, diff
@@ -337,9 +383,10 @@ def test_resume_fsdp_checkpoint_elsewhere(runs, sigterm, tmp_path, nproc, shard,
 
 @slow
 def test_resume_ddp_checkpoint_under_fsdp(runs, tmp_path):
-    out = tmp_path / "ddp"
-    r = run(RUN + ["--micro-batch", "4", "--out", str(out)], nproc=2, check=False, faults="stop=4")
+    stopped, r = runs["ddp stopped"]
     assert r.returncode != 0 and "stopped by SIGTERM after step 4" in r.stdout
+    out = tmp_path / "ddp"
+    shutil.copytree(stopped, out)
     r = run(RUN + ["--micro-batch", "2", "--shard", "fsdp", "--resume", "--out", str(out)], nproc=2)
     assert "saved by 2 process(es), ddp" in r.stdout
     diff = max_diff(weights(runs[2, "ddp"][0]), weights(out))
@@ -348,14 +395,11 @@ def test_resume_ddp_checkpoint_under_fsdp(runs, tmp_path):
 
 
 @slow
-def test_a_cut_save_leaves_the_previous_checkpoint(runs, tmp_path):
-    out = tmp_path / "cut"
-    shutil.copytree(runs[1, "ddp"][0], out)
-    cut = out / "checkpoints" / "step_00000009"
-    cut.mkdir()
-    (cut / "__0_0.distcp").write_bytes(b"half")  # a save killed before DCP wrote .metadata
-    (out / "model.pt.tmp").write_bytes(b"half")
-    r = run(RUN + ["--steps", "10", "--micro-batch", "8", "--resume", "--out", str(out)])
+def test_a_cut_save_leaves_the_previous_checkpoint(resumed):
+    # the 1-process run's folder with a save that was cut (resumed["cut"]: its checkpoint step_00000009
+    # holds a shard and no .metadata, and model.pt.tmp is half written), resumed to step 10
+    out, r = resumed["cut"]
+    checked(r)
     assert "removed checkpoints/step_00000009, a checkpoint whose save was cut" in r.stdout
     assert "resumed from step_00000008 at step 8" in r.stdout and not (out / "model.pt.tmp").exists()
 
@@ -738,12 +782,12 @@ def test_processes_that_chose_different_steps_refuse_in_one_sentence(capsys, mon
 
 
 @slow
-def test_processes_that_see_different_checkpoints_refuse_to_resume(tmp_path):
+def test_processes_that_see_different_checkpoints_refuse_to_resume(alone):
     """The last of 2 processes does not see the newest checkpoint (a bucket mount still syncing): after
     joining they compare the steps they chose, and both refuse in one sentence naming both."""
-    out = tmp_path / "out"
-    main_here(SMALL + ["--steps", "2", "--save-every", "1", "--out", str(out)])
-    r = run(SMALL + ["--steps", "3", "--resume", "--out", str(out)], nproc=2, check=False, faults="stale=1")
+    # alone["stale"]: main_here(SMALL + ["--steps", "2", "--save-every", "1"]), then the stale=1 fault's 2-process
+    # resume of it
+    _, r = alone["stale"]
     errors = [x for x in r.stderr.splitlines() if x.startswith("error: ")]
     assert r.returncode != 0 and errors, r.stdout + r.stderr
     assert "do not see the same checkpoints" in errors[0] and "some chose step_00000001, others step_00000002" in \
@@ -780,9 +824,41 @@ def test_preflight_measures_the_box_and_trains_nothing(tmp_path, capsys):
     assert list((tmp_path / "o").iterdir()) == []  # no checkpoint, no record, no probe file left
 
 
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory):
+    """Runs that each one test checks, independent of one another, started together (tests/together.py):
+    {name: (its --out folder or the folder of its files, the finished process)}."""
+    d = {name: tmp_path_factory.mktemp(name.replace(" ", "-"))
+         for name in ("preflight", "hung", "fp16 inf", "memmap", "nan", "stale")}
+    # for test_processes_that_see_different_checkpoints_refuse_to_resume: two checkpoints, made here
+    main_here(SMALL + ["--steps", "2", "--save-every", "1", "--out", str(d["stale"] / "out")])
+    launches = {
+        "stale": launch(SMALL + ["--steps", "3", "--resume", "--out", str(d["stale"] / "out")], nproc=2,
+                        faults="stale=1"),
+        "preflight": launch(RUN + ["--micro-batch", "4", "--preflight", "--out", str(d["preflight"])], nproc=2),
+        # the last --timeout-s given wins: 5 s instead of RUN's 60
+        "hung": launch(RUN + ["--micro-batch", "4", "--timeout-s", "5", "--out", str(d["hung"])], nproc=2,
+                       faults="hang=1"),
+        "fp16 inf": launch(
+            ["--device", "cpu", "--precision", "fp16", "--d-model", "16", "--n-layer", "1", "--n-head", "2",
+             "--seq-len", "8", "--vocab-size", "512", "--micro-batch", "1", "--global-batch-tokens", "16",
+             "--steps", "3", "--log-every", "1", "--sample-tokens", "0", "--shard", "fsdp", "--save-every", "0",
+             "--timeout-s", "60", "--data", str(_tokens(d["fp16 inf"], 512)),
+             "--out", str(d["fp16 inf"] / "run")], nproc=2, faults="inf=2"),
+        "memmap": launch(TINY + ["--micro-batch", "8", "--steps", "2", "--log-every", "1", "--data",
+                                 str(_tokens(d["memmap"], 8192)), "--out", str(d["memmap"] / "run"),
+                                 "--sample-tokens", "4"]),
+        "nan": launch(TINY + ["--micro-batch", "8", "--steps", "12", "--log-every", "4", "--save-every", "4",
+                              "--out", str(d["nan"])], faults="nan=6"),
+    }
+    ran = run_together(launches, timeout=240)
+    return {name: (d[name], r) for name, r in ran.items()}
+
+
 @slow
-def test_preflight_on_two_processes_measures_the_all_reduce(tmp_path):
-    r = run(RUN + ["--micro-batch", "4", "--preflight", "--out", str(tmp_path)], nproc=2)
+def test_preflight_on_two_processes_measures_the_all_reduce(alone):
+    tmp_path, r = alone["preflight"]
+    checked(r)
     assert "preflight: 2 process(es) on cpu" in r.stdout and "all-reduce 8 MiB: bus bandwidth" in r.stdout, r.stdout
     matmul = next(x for x in r.stdout.splitlines() if "matmul" in x)
     assert len(matmul.split("per process: ")[1].split(" GFLOP/s")[0].split(", ")) == 2  # each process's own
@@ -857,33 +933,27 @@ def test_fuzzed_metadata_and_train_state_are_refused_in_one_sentence(tiny, tmp_p
 
 
 @slow
-def test_a_hung_process_is_one_sentence_after_the_timeout(tmp_path):
-    # the last --timeout-s given wins: 5 s instead of RUN's 60
-    r = run(RUN + ["--micro-batch", "4", "--timeout-s", "5", "--out", str(tmp_path)],
-            nproc=2, check=False, timeout=120, faults="hang=1")
+def test_a_hung_process_is_one_sentence_after_the_timeout(alone):
+    _, r = alone["hung"]
     line = next(x for x in r.stderr.splitlines() if x.startswith("error: process 0"))
     assert r.returncode != 0 and "a collective failed" in line and "another process died or waited longer than " \
         "--timeout-s 5 (after the first step --step-timeout-s 5)" in line, r.stderr
 
 
 @slow
-def test_nan_stops_with_last_good_checkpoint(tmp_path):
-    r = run(TINY + ["--micro-batch", "8", "--steps", "12", "--log-every", "4", "--save-every", "4",
-                    "--out", str(tmp_path)], check=False, faults="nan=6")
+def test_nan_stops_with_last_good_checkpoint(alone):
+    tmp_path, r = alone["nan"]
     assert r.returncode == 3
     assert "NaN/inf at or before step 8" in r.stdout and "Traceback" not in r.stderr
     assert [d.name for d in ckpt_dirs(tmp_path)] == ["step_00000004"]
 
 
 @slow
-def test_fp16_with_grad_scaler_skips_an_inf_step_under_fsdp(tmp_path):
+def test_fp16_with_grad_scaler_skips_an_inf_step_under_fsdp(alone):
     """fp16 (a GPU without bf16) on 2 CPU processes under FSDP: an inf in rank 0's shard of the
     gradients skips the step on both ranks (the overflow flag is all-reduced)."""
-    r = run(["--device", "cpu", "--precision", "fp16", "--d-model", "16", "--n-layer", "1", "--n-head", "2",
-             "--seq-len", "8", "--vocab-size", "512", "--micro-batch", "1", "--global-batch-tokens", "16",
-             "--steps", "3", "--log-every", "1", "--sample-tokens", "0", "--shard", "fsdp", "--save-every", "0",
-             "--timeout-s", "60", "--data", str(_tokens(tmp_path, 512)),
-             "--out", str(tmp_path / "run")], nproc=2, faults="inf=2")
+    _, r = alone["fp16 inf"]
+    checked(r)
     assert "precision: FSDP2 MixedPrecisionPolicy(param_dtype=fp16, reduce_dtype=fp32), GradScaler" in r.stdout
     steps = [x for x in r.stdout.splitlines() if x.startswith("step")]
     assert [x.endswith(f"fp16 steps skipped {n}") for x, n in zip(steps, (0, 1, 1))] == [True] * 3, steps
@@ -896,9 +966,9 @@ def _tokens(tmp_path, vocab, n=20_000):
 
 
 @slow
-def test_memmap_token_file(tmp_path):
-    r = run(TINY + ["--micro-batch", "8", "--steps", "2", "--log-every", "1", "--data", str(_tokens(tmp_path, 8192)),
-                    "--out", str(tmp_path / "run"), "--sample-tokens", "4"])
+def test_memmap_token_file(alone):
+    _, r = alone["memmap"]
+    checked(r)
     assert "tokens.bin (uint16 memmap; last 5%, 1,000 tokens, held out), 19,000 tokens" in r.stdout
     assert "tokenizer: unknown" in r.stdout and "sample: skipped" in r.stdout
 
@@ -1020,24 +1090,13 @@ def _free_port():
 
 
 @slow
-def test_two_nodes_with_c10d_rendezvous_match_one_node(runs, tmp_path):
+def test_two_nodes_with_c10d_rendezvous_match_one_node(runs):
     """Two torchrun "nodes" on this machine (one gloo process each) meet through c10d rendezvous on
     127.0.0.1: the same arithmetic as one node with 2 processes, so the same parameters, bitwise."""
-    port = _free_port()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"test{port}",
-           "--rdzv-conf", "join_timeout=20", SCRIPT] + RUN + ["--micro-batch", "4", "--out", str(tmp_path)]
-    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=REPO,
-                              start_new_session=True) for _ in range(2)]
-    try:
-        outs = [p.communicate(timeout=150) for p in nodes]
-    finally:
-        for p in nodes:  # a node left waiting for its partner: end it and its workers
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    out, nodes = runs["two nodes"]
+    outs = [(p.stdout, p.stderr) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], outs
-    ref, two_nodes = weights(runs[2, "ddp"][0]), weights(tmp_path)
+    ref, two_nodes = weights(runs[2, "ddp"][0]), weights(out)
     assert all(torch.equal(ref[k], two_nodes[k]) for k in ref)
 
 
