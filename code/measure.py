@@ -91,6 +91,11 @@ def spread(times_s: list) -> float:
     return statistics.median(times_s) / min(times_s) - 1
 
 
+def worst_spread(stats: dict) -> float:
+    """The largest spread of any fn's timed calls in a time_steps result: that measurement's noise."""
+    return max(spread(r["times_s"]) for r in stats.values())
+
+
 def compare(a_s: list, b_s: list, work_a: float = 1.0, work_b: float = 1.0, least: int = LEAST_SAMPLES) -> dict:
     """The book's one rule for a timing verdict: is b faster than a, beyond the noise?
 
@@ -109,6 +114,18 @@ def compare(a_s: list, b_s: list, work_a: float = 1.0, work_b: float = 1.0, leas
     if samples >= least:
         verdict = "faster" if ratio > bound else "slower" if ratio * bound < 1 else "unclear"
     return {"ratio": ratio, "noise": noise, "bound": bound, "samples": samples, "verdict": verdict}
+
+
+def compare_clause(c: dict, than: str) -> str:
+    """compare()'s verdict as one clause of a Chinese sentence: faster, slower, or cannot tell (and why)."""
+    if c["verdict"] == "faster":
+        return f"比{than}快了 {100 * (c['ratio'] - 1):.0f}%"
+    if c["verdict"] == "slower":
+        return f"比{than}慢，吞吐只有它的 {100 * c['ratio']:.0f}%"
+    if c["samples"] < LEAST_SAMPLES:
+        return f"和{than}分不出快慢：只量了 {c['samples']} 步，量不出噪声"
+    return (f"和{than}分不出快慢：差别 {100 * (c['ratio'] - 1):+.0f}% 在两倍的计时噪声"
+            f"（±{200 * c['noise']:.0f}%）之内")
 
 
 def fit_calls(budget_s: float, call_s: float, most: int, least: int = 1) -> int:
@@ -182,6 +199,29 @@ def matmul_probe(dtype=torch.float32, sizes=MATMUL_SIZES, call_budget_s: float =
     best = min(stats["min_s"], pick["calls_s"][n])
     return {"n": n, "fn": fn, "flops": flops, "flops_s": flops / best, "calls": len(stats["times_s"]),
             "seconds": pick["spent_s"] + sum(stats["times_s"])}
+
+
+L3_SIZE = Path("/sys/devices/system/cpu/cpu0/cache/index3/size")  # Linux: e.g. "32768K"
+
+
+def l3_bytes() -> int:
+    """This CPU's L3 cache in bytes as Linux reports it; 0 where it is not reported."""
+    return int(L3_SIZE.read_text().strip().rstrip("K")) * 1024 if L3_SIZE.is_file() else 0
+
+
+def triad_fn(n: int):
+    """STREAM's triad c = a + 3·b over n fp32 elements: per element it reads 8 bytes and writes 4."""
+    a, b, c = torch.randn(n), torch.randn(n), torch.empty(n)
+    return lambda: torch.add(a, b, alpha=3.0, out=c)
+
+
+def bandwidth_probe(budget_s: float = PROBE_BUDGET_S) -> dict:
+    """Memory bandwidth by the triad: arrays of at least 64 MiB, and 4 × L3 where it is reported (at most
+    256 MiB), so that they do not fit in the cache; the fastest of up to 10 calls within the budget.
+    Returns {"n" (fp32 elements per array), "bytes_s" (12 bytes per element), "times_s"}."""
+    n = max(2**24, min(l3_bytes(), 2**26))
+    stats = time_it(triad_fn(n), warmup=2, repeats=10, budget_s=budget_s)  # the arrays are freed with the fn
+    return {"n": n, "bytes_s": 12 * n / stats["min_s"], "times_s": stats["times_s"]}
 
 
 def matmul_peak(dtype=torch.float32, **kw) -> float:
