@@ -239,6 +239,20 @@ def has_bf16_instructions(flags: set | None = None) -> bool:
     return bool(set(BF16_FLAGS) & (cpu_flags() if flags is None else flags))
 
 
+# oneDNN's instruction-set caps (ONEDNN_MAX_CPU_ISA) at or above which it may use bf16 dot-product instructions
+ONEDNN_BF16_ISAS = ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16",
+                    "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "ALL", "DEFAULT")
+
+
+def bf16_instructions_usable(flags: set | None = None, env: dict | None = None) -> bool:
+    """Whether a bf16 matmul here can run on bf16 instructions: the CPU has them and no ONEDNN_MAX_CPU_ISA cap
+    (bookbuild.portability's emulation of an AVX2 CPU) keeps oneDNN below them. False means a software
+    fallback; True does not mean faster than fp32 (an Intel Xeon with avx512_bf16 but no AMX measured bf16
+    at half of fp32's speed: oneDNN's bf16 kernel against MKL's fp32 one)."""
+    cap = (os.environ if env is None else env).get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    return has_bf16_instructions(flags) and cap in ONEDNN_BF16_ISAS
+
+
 CHECKS = []  # every check() of this process, in order: what print_record reports as margins
 
 

@@ -355,3 +355,11 @@ def test_compare_says_faster_only_beyond_twice_the_spread_and_with_three_samples
     # different work per call: b does twice the tokens in 1.5× the time, so its rate is 4/3 of a's
     w = measure.compare([1.0, 1.0, 1.0], [1.5, 1.5, 1.5], work_a=1, work_b=2)
     assert w["ratio"] == pytest.approx(4 / 3) and w["verdict"] == "faster"
+
+
+def test_bf16_instructions_usable_follows_the_flags_and_onednns_cap():
+    flags = {"avx512f", "avx512_bf16"}
+    assert measure.bf16_instructions_usable(flags, {})
+    assert measure.bf16_instructions_usable(flags, {"ONEDNN_MAX_CPU_ISA": "avx512_core_bf16"})
+    assert not measure.bf16_instructions_usable(flags, {"ONEDNN_MAX_CPU_ISA": "AVX2"})  # the portability cap
+    assert not measure.bf16_instructions_usable({"avx2"}, {})
