@@ -68,6 +68,13 @@ def opens_with(page: str, title: str) -> bool:
     return sorted(head) == sorted(squeeze(title))
 
 
+def holds_heading(page: str, title: str) -> bool:
+    """Whether the page has the title as a heading: a line of its own, or two when it wraps (the chapter's
+    own page names its section pages by title inside sentences, which does not count)."""
+    lines = [squeeze(line) for line in page.splitlines()]
+    return squeeze(title) in lines + [a + b for a, b in zip(lines, lines[1:])]
+
+
 def opening_pages(pages) -> list[int]:
     """The page each of _toc.yml's pages opens on, in order: for a chapter, a page that starts with its title
     (a chapter's first page has no running header; a long title takes two lines); for a section page (a
@@ -78,7 +85,7 @@ def opening_pages(pages) -> list[int]:
     found, at = [], 0
     for title, inside in titles:
         at = next((i for i in range(at, len(pages))
-                   if (squeeze(title) in squeeze(pages[i]) if inside else opens_with(pages[i], title))), None)
+                   if (holds_heading(pages[i], title) if inside else opens_with(pages[i], title))), None)
         assert at is not None, f"no page after page {found[-1] + 1 if found else 0} opens with {title!r}"
         found.append(at)
     return found
