@@ -22,7 +22,7 @@ from bookbuild import book
 REPO = Path(__file__).resolve().parent.parent
 HTML = REPO / "_build" / "html"
 SHOTS = REPO / "_build" / "screenshots"
-SEARCH_WORD, SEARCH_PAGE = "递减", "chapters/09_scaling"  # 收益递减: diminishing returns
+SEARCH_WORD, SEARCH_PAGE = "递减", "chapters/09_3_chinchilla"  # 收益递减: diminishing returns
 
 
 def toc_pages():

@@ -227,15 +227,10 @@ MAX_VISIBLE_CELL_LINES = 25  # what a reader meets in the page; a helper they ne
 HIDDEN_TAGS = {"hide-input", "remove-cell", "remove-input"}
 
 
-# Not split yet, each at most as long as it is now: chapter 9's sections all read one training run of four
-# sizes, so a page of its own would train them again; its split waits for a cheaper recipe (issue 41).
-NOT_YET_SPLIT = {"09_scaling.md": 684}
-
-
 @pytest.mark.parametrize("md", CHAPTERS, ids=lambda p: p.name)
 def test_a_page_holds_at_most_500_lines(md):
     lines = md.read_text(encoding="utf-8").count("\n")
-    assert lines <= NOT_YET_SPLIT.get(md.name, MAX_PAGE_LINES), (
+    assert lines <= MAX_PAGE_LINES, (
         f"{rel(md)} has {lines} lines of source: split the chapter where its ideas split into section pages "
         f"(NN_M_name.md under the chapter's `sections:` in _toc.yml), each at most {MAX_PAGE_LINES} lines")
 
