@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from bookbuild import book
+
 REPO = Path(__file__).resolve().parent.parent
 HTML = REPO / "_build" / "html"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -74,9 +76,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if is_slow(item):
             item.add_marker(pytest.mark.slow)
+    # the chapters in the book's order (chapter 9's first page runs the experiment its sections read), then
     # the tests of the built book last (stable: each module's tests stay together and in order), so that
     # one build follows every chapter nbval ran, and one browser serves them all
-    items.sort(key=uses_the_book)
+    order = {md.with_suffix(".ipynb"): i for i, md in enumerate(book.pages())}
+    items.sort(key=lambda item: (uses_the_book(item), order.get(Path(str(item.fspath)), len(order))))
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
