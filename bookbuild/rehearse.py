@@ -31,7 +31,7 @@ state_bytes of train_gpu's own planned_run) to the 0.01 MiB it prints. Some runs
           compiled): every worker exits 75, run.json says 75, no model.pt, the newest checkpoint is
           complete (.metadata, one shard per process, its step before --steps);
   resume  that checkpoint resumed with --auto-resume, on the same processes and scheme (then model.pt
-          equals the uninterrupted run's bitwise) or on others (within TOL; TOL_FP16 for fp16);
+          equals the uninterrupted run's bitwise) or on others (within TOL; TOL_FP16 for fp16, TOL_BF16 for bf16);
   equal   the run's model.pt against the first run of its precision in the pairwise set, within the same.
 Each worker's status is recorded by a sitecustomize put on PYTHONPATH, which wraps sys.exit: torchrun
 reports no worker's status when it is itself signalled. A combination that fails says why, from the
@@ -80,8 +80,16 @@ TOL = 1e-5  # tests/test_train_gpu.py's TOL, measured there above the summation-
 # under another, and a weight with no gradient before then moves by a whole AdamW step, lr·sign(g), or not at
 # all. Measured through execute() (6 eager FSDP2 fp16 runs: 1, 2, 4 processes, 2 nodes, ZeRO-2/3, HSDP, accumulation
 # 1 and 2; 3 compiled ones: 2, 4 processes, 2 nodes): most numbers within 1.3e-6, single ones up to 1.01e-5
-# apart (compiled 9.99e-6), one update of step 0 (lr 1e-5); 4x that. bf16 keeps fp32's exponent: TOL.
+# apart (compiled 9.99e-6), one update of step 0 (lr 1e-5); 4x that.
 TOL_FP16 = 4e-5
+# bf16 runs: bf16 keeps fp32's exponent but has an 8-bit mantissa, and a bf16 matmul's result depends on its
+# rows (the micro-batch): runs of one group (group_of) with the same micro-batch end within 1.9e-9, with
+# another micro-batch 2.2e-5 to 2.9e-5 apart, nearly every weight moved. Measured through execute() on an
+# AMD EPYC (Zen 4, avx512_bf16): 22 runs, 1, 2, 4 processes, 2 nodes, DDP, ZeRO-2/3, HSDP, accumulation 1 and
+# 2, with and without --checkpoint-activations, micro-batch 1 to 8 (9 eager FSDP2, 8 eager DDP, 3 compiled
+# FSDP2, 2 compiled DDP); 64 pairs in one group, at most 2.91e-5 apart (2 nodes ZeRO-2 accumulation 2 against
+# 2 processes HSDP), across groups 6.4e-5; 4x the most in one group.
+TOL_BF16 = 1.2e-4
 LAUNCH_TIMEOUT_S = 420  # a launch that takes longer is killed (REHEARSE_TIMEOUT_S changes it, for a loaded machine)
 TIMEOUT_VAR = "REHEARSE_TIMEOUT_S"
 JOIN_TIMEOUT_S = 60
@@ -301,8 +309,9 @@ class Spec:
         return SHAPE_FP16 if value(self.extra, "--precision") == "fp16" else SHAPE
 
     def tol(self) -> float:
-        """How far its model.pt may end from another run's of its precision: TOL, TOL_FP16 for fp16."""
-        return TOL_FP16 if value(self.extra, "--precision") == "fp16" else TOL
+        """How far its model.pt may end from another run's of its precision: TOL, TOL_FP16 for fp16,
+        TOL_BF16 for bf16."""
+        return {"fp16": TOL_FP16, "bf16": TOL_BF16}.get(value(self.extra, "--precision"), TOL)
 
     def command(self, out: Path, data: Path, port: int, resume: bool = False) -> Command:
         """The printed command with only the shape, steps, data, out, processes and batch changed."""
@@ -848,7 +857,8 @@ def summary(notes: dict, rows: list, t0: float, planned: int) -> dict:
     return {**notes, "finished": f"{len(rows)} of {planned} runs",
             "failed": [r["run"] for r in rows if r["result"] != "ok"],
             "total_s": round(time.perf_counter() - t0, 1), "cpu_s": round(sum(r["cpu_s"] for r in rows), 1),
-            "tol": TOL, "tol_fp16": TOL_FP16, "steps": STEPS, "shape": SHAPE, "shape_fp16": SHAPE_FP16,
+            "tol": TOL, "tol_fp16": TOL_FP16, "tol_bf16": TOL_BF16, "steps": STEPS, "shape": SHAPE,
+            "shape_fp16": SHAPE_FP16,
             "schemes": {k: " ".join(v) for k, v in budget.SHARD_FLAGS.items()}}
 
 

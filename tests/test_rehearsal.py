@@ -134,6 +134,17 @@ def test_the_tolerance_is_the_equality_tests_one():
     assert rehearse.TOL == TOL
 
 
+def test_each_precision_is_compared_within_its_own_tolerance():
+    """fp32 within TOL, fp16 within TOL_FP16, bf16 within TOL_BF16 (its 8-bit mantissa: a bf16 run on
+    another micro-batch ends 2.9e-5 away, beyond TOL)."""
+    def spec(*extra):
+        return rehearse.Spec("x", [], rehearse.Command((), "code/train_gpu.py", ()), 1, 1, 1, 1, extra=extra)
+    assert spec().tol() == spec("--compile").tol() == rehearse.TOL
+    assert spec("--precision", "fp16").tol() == rehearse.TOL_FP16
+    assert spec("--compile", "--precision", "bf16").tol() == rehearse.TOL_BF16
+    assert rehearse.TOL < 2.9e-5 < rehearse.TOL_BF16
+
+
 @pytest.mark.slow
 def test_the_subset_runs_every_flag_and_passes_every_check(tmp_path):
     """Every option value once (the 1-wise covering set) and one printed sharded flag set, run for real."""
