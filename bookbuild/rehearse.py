@@ -73,7 +73,8 @@ COMMON_GPUS = ("H100", "A100", "RTX4090")
 PLAN_GPU_COUNTS = (1, 8, 64)
 SHAPE = {"--d-model": 64, "--n-layer": 2, "--n-head": 2, "--seq-len": 32, "--vocab-size": 250}  # 250: uneven shards
 SHAPE_FP16 = {**SHAPE, "--d-model": 32}  # fp16 matmuls are ~65x slower than fp32 on an AVX2 CPU
-STEPS = 14  # the stop flag is polled every 10 steps: a stop heard before step 10 leaves 4 to resume
+STEPS = 14  # the stop flag is polled at the first step, then every STOP_POLL_S (10 s) of wall time: a stop sent
+# during the run is heard at step 1 in these short runs (30 of 30 in the full matrix), leaving 13 to resume
 PAIRWISE_SEQUENCES = 8  # the pairwise runs' global batch, in sequences: every world and accumulation divides it
 TOL = 1e-5  # tests/test_train_gpu.py's TOL, measured there above the summation-order noise
 # fp16 runs: fp16's narrow exponent lets a tiny gradient round to 0 under one split of the batch and not
