@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from data import CACHE_DIR, fixed_batches, load_tokenizer, load_tokens, token_bytes
+from data import CACHE_DIR, CORPUS_PATH, fixed_batches, load_tokenizer, load_tokens, token_bytes
 from measure import (
     CALL_BUDGET_S,
     LEAST_SAMPLES,
@@ -147,10 +147,11 @@ def _train_one(size, seed, tokens, cfg, val_batches, train_batches, byte_counts,
 
 
 def _key() -> str:
-    """What the record depends on: this code, torch, the CPU, the thread count, and any cap on the kernels."""
+    """What the record depends on: this code, the corpus, torch, the CPU, the thread count, and any cap on
+    the kernels."""
     h = hashlib.sha256()
-    for name in SOURCES:
-        h.update((Path(__file__).parent / name).read_bytes())
+    for path in (*(Path(__file__).parent / name for name in SOURCES), CORPUS_PATH):
+        h.update(path.read_bytes())
     h.update(repr((torch.__version__, cpu_name(), os.cpu_count(), torch.get_num_threads(),
                    [os.environ.get(v) for v in (*EMULATION_VARS, "OMP_NUM_THREADS")])).encode())
     return h.hexdigest()[:16]

@@ -1,5 +1,5 @@
 """code/scaling.py, chapter 9's experiment that its four pages share: the record is read back as it was
-written, it is kept apart per kernel cap and per code, a page that finds it does not train again, and the
+written, it is kept apart per kernel cap, per code and per corpus, a page that finds it does not train again, and the
 two noises are what chapter 9.1 defines."""
 import pytest
 
@@ -44,13 +44,19 @@ def test_a_page_that_finds_the_record_does_not_train(cache, monkeypatch, capsys)
     assert capsys.readouterr().out.startswith("the record of this chapter's experiment")  # one line, no training
 
 
-def test_the_record_is_kept_apart_per_kernel_cap_and_per_code(cache, monkeypatch):
+def test_the_record_is_kept_apart_per_kernel_cap_code_and_corpus(cache, monkeypatch):
     native = scaling._path()
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # the portability run's AVX2 emulation trains its own
     assert scaling._path() != native
     monkeypatch.delenv("ATEN_CPU_CAPABILITY")
     assert scaling._path() == native
     monkeypatch.setattr(scaling, "SOURCES", scaling.SOURCES[1:])  # other code: another key
+    assert scaling._path() != native
+    monkeypatch.undo()
+    monkeypatch.setattr(scaling, "CACHE_DIR", cache)
+    other = cache / "other.txt"
+    other.write_text("another corpus", encoding="utf-8")
+    monkeypatch.setattr(scaling, "CORPUS_PATH", other)  # another corpus: another key
     assert scaling._path() != native
 
 
