@@ -85,6 +85,8 @@ MEASURE_JS = """() => {
     text: main.innerText,
     prose: [...main.querySelectorAll('p, li, td, th')].map(e => e.innerText).join('\\n'),
     glued: [...main.querySelectorAll('.pasted-text')].map(e => e.textContent),
+    glued_bold: [...main.querySelectorAll('.pasted-text')].filter(e => e.parentElement && getComputedStyle(e)
+      .fontWeight !== getComputedStyle(e.parentElement).fontWeight).map(e => e.textContent.slice(0, 30)),
     prompts: [...main.querySelectorAll('details.hide summary p')].map(e => e.textContent.trim()),
     search_box: [...document.querySelectorAll('input[name="q"]')].map(e => e.placeholder),
     runtime: [...main.querySelectorAll('p.chapter-runtime')].map(e => ({
@@ -237,6 +239,13 @@ def test_glued_text_carries_no_markdown(measured):
              for (d, w), m in measured.items() if w == 1280}
     found = {d: g for d, g in found.items() if g}
     assert not found, f"glued values with literal Markdown: {json.dumps(found, ensure_ascii=False)}"
+
+
+def test_glued_text_reads_as_the_sentence_around_it(measured):
+    """myst-nb sets every glued value in bold (span.pasted-text); a measured number is part of its sentence,
+    so the book's CSS sets it in the weight of the text around it."""
+    bold = {d: m["glued_bold"] for (d, w), m in measured.items() if w == 1280 and m["glued_bold"]}
+    assert not bold, f"glued text in another weight than its sentence: {json.dumps(bold, ensure_ascii=False)[:600]}"
 
 
 def test_ui_strings_are_chinese(measured):
