@@ -1,6 +1,6 @@
 """Chapter 9's experiment, which its pages share: four sizes of the GPT trained with one recipe, the
 smallest retrained with another seed (the retrain noise), and the probe that picks this machine's thread
-count and precision for them. The chapter's first page runs it (run(fresh=True)) and keeps the record
+count and precision for them. The first of the chapter's pages to run it (run()) keeps the record
 under data/cache/, keyed by this code, torch, the CPU and any cap on its kernels; the other pages read
 that record, or, opened on their own, run the experiment first. Each page analyses the record in its own
 cells."""
@@ -52,6 +52,16 @@ def fresh(size, seed: int = 0) -> GPT:
 
 def n_params() -> list:
     return [GPT(config(s)).num_params() for s in SIZES]
+
+
+def n_non_embedding() -> list:
+    """Each size's parameters without the embedding, vocab × d (tied to the output layer, so counted once)."""
+    return [n - GPTConfig().vocab_size * s[0] for n, s in zip(n_params(), SIZES)]
+
+
+def names() -> list:
+    """Each size by its parameter count, as the chapter's tables and figures label it: '0.62M', ..."""
+    return [f"{n / 1e6:.2f}M" for n in n_params()]
 
 
 def eval_batches(tokens) -> tuple:
@@ -178,14 +188,14 @@ def _load(path: Path) -> dict:
     return data
 
 
-def run(fresh_run: bool = False) -> dict:
-    """The chapter's experiment: probe, calibration, the four sizes, the retrain. fresh_run=False reads the
-    record the chapter's first page left for this code and machine, if there is one.
+def run() -> dict:
+    """The chapter's experiment: probe, calibration, the four sizes, the retrain; or, if a page of the chapter
+    has run it already for this code, corpus and machine, its record (delete the file to run it anew).
 
     Returns {"probe", "precision", "threads", "steps", "expected_s", "train_s", "runs": [one per size: d,
     hist, train_fixed, bpb], "retrain": the smallest with RETRAIN_SEED, "made": when it ran}."""
     path = _path()
-    if not fresh_run and path.is_file():
+    if path.is_file():
         record = _load(path)
         torch.set_num_threads(record["threads"])
         print(f"the record of this chapter's experiment, made {record['made']} on this machine with this code "
