@@ -43,6 +43,9 @@
                        "#d9722b", "#f0ae6e", "#b04a5a", "#777777", "#c9b037"];
   const SCHEME_COLORS = ["#3b6fb6", "#d9722b", "#3f8f4e", "#b04a5a", "#8e6bb8"];
   const DEBOUNCE_MS = 150;
+  // A plot is never shown narrower than this share of its drawn width: its 11-px labels stay at 10 px or
+  // more (calculator.css: .calc-tick); on a phone it scrolls sideways in its box instead of shrinking.
+  const LEGIBLE_SCALE = 10 / 11;
 
   const GLUE = `
 import json, sys
@@ -150,7 +153,7 @@ def calculator_run(argv_json):
     const scheme = h("select", { id: "calc-scheme", "data-role": "scheme" },
       describe.schemes.map((s) => h("option", { value: s, text: s })));
     const schemeRow = h("div", { class: "calc-field calc-scheme" },
-      h("label", { for: "calc-scheme" }, "分片方式（只在图和表中突出它；命令行总是打印每一种）"), scheme);
+      h("label", { for: "calc-scheme" }, "分片方式（只在图和表中突出它；命令行打印每一种，只有一张卡时只有 DDP 一行）"), scheme);
     form.append(advanced, schemeRow);
 
     const command = h("pre", { class: "calc-command", "aria-label": "等价的命令行" });
@@ -214,8 +217,11 @@ def calculator_run(argv_json):
       error.hidden = true;
       output.hidden = plots.hidden = false;
       showText(output, result.stdout, scheme.value);
-      plots.replaceChildren(...(result.page ? [memoryPlot(result.page, scheme.value), timePlot(result.page, scheme.value)] : []));
+      plots.replaceChildren(...(result.page ? [memoryPlot(result.page, scheme.value), timePlot(result.page, scheme.value)] : [])
+        .map((plot) => h("div", { class: "calc-plot-box" }, plot)));
+      markScrolling(plots);
     }
+    window.addEventListener("resize", () => markScrolling(plots));
 
     for (const [flag, value] of Object.entries(INITIAL)) {
       const input = form.querySelector(`[data-flag="${flag}"]`);
@@ -274,10 +280,23 @@ def calculator_run(argv_json):
     return /^[\w@%+=:,.\/-]+$/.test(a) ? a : "'" + a.replace(/'/g, "'\\''") + "'";
   }
 
-  // The text exactly as main printed it; the chosen scheme's rows are marked, not changed.
+  // The text exactly as main printed it; the chosen scheme's rows are marked, not changed. A line that
+  // budget.py indents is a table's header or row (.calc-row): it keeps its columns and the box scrolls
+  // sideways, where the other lines (a keyword, then prose) wrap.
   function showText(pre, text, scheme) {
-    pre.replaceChildren(...text.split(/(?<=\n)/).map((line) =>
-      line.startsWith("  " + scheme + " ") ? h("mark", { class: "calc-hl" }, line) : line));
+    pre.replaceChildren(...text.split(/(?<=\n)/).flatMap((line) => {
+      if (!line.startsWith("  ")) return [line];
+      const body = line.replace(/\n$/, ""), end = line.slice(body.length);
+      const marked = line.startsWith("  " + scheme + " ");
+      return [h(marked ? "mark" : "span", { class: marked ? "calc-row calc-hl" : "calc-row" }, body), end];
+    }));
+  }
+
+  // A plot box that scrolls sideways says so (calculator.css), as the book's figures do (layout.js).
+  function markScrolling(plots) {
+    for (const box of plots.querySelectorAll(".calc-plot-box")) {
+      box.toggleAttribute("data-scrolls", box.scrollWidth > box.clientWidth + 1);
+    }
   }
 
   // ---- plots: plain SVG, colours from the theme's variables so that both modes read ----
@@ -290,8 +309,8 @@ def calculator_run(argv_json):
   }
 
   function frame(width, height, label) {
-    return h("svg:svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": label, class: "calc-plot" },
-      h("svg:title", { text: label }));
+    return h("svg:svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": label, class: "calc-plot",
+                          style: `min-width: ${Math.ceil(width * LEGIBLE_SCALE)}px` }, h("svg:title", { text: label }));
   }
 
   // The memory figure as budget.memory_figure laid it out (pixels, y downwards): this only draws it.
@@ -349,9 +368,13 @@ def calculator_run(argv_json):
     });
     const hasCost = sw.cost.every((c) => c !== null);
     const at = xs.indexOf(page.gpus);
+    // One GPU sends nothing: every scheme's line starts at compute's point, so the key says that once
+    // instead of repeating one number per scheme (budget.py prints one row there too).
+    const alone = page.gpus === 1 && series.length > 1;
     const label = `训练时间（小时，对数坐标）随 GPU 数量（${xs[0]}–${xs[xs.length - 1]}）变化：` +
       `${page.gpus} 张卡只算计算 ${fmt(sw.hours[at])} 小时` +
-      series.slice(1).map((s) => `，${s.scheme} 加通信 ${fmt(s.values[at])} 小时`).join("") +
+      (alone ? "；一张卡不通信，每种分片方式加上通信也是这么多，从两张卡起才分开"
+        : series.slice(1).map((s) => `，${s.scheme} 加通信 ${fmt(s.values[at])} 小时`).join("")) +
       (series.length === 1 ? "（卡间带宽未知，没有通信时间）" : "") +
       (hasCost ? `；下图是费用，${page.gpus} 张卡 ${fmt(sw.cost[at])}` : "；没有给出价格，不画费用") + `；突出显示 ${selected}。`;
     const W = 660, top = 230, gap = 48, bottom = hasCost ? 150 : 0, H = top + bottom + 40, L = 56, R = 200, T = 16;
@@ -374,15 +397,20 @@ def calculator_run(argv_json):
     const line = (y, values, attrs) => h("svg:polyline", { ...attrs,
       points: xs.map((g, i) => `${lx(g).toFixed(1)},${y(values[i]).toFixed(1)}`).join(" ") });
     // The legend, in the right margin, gives each line's value at this many GPUs: no label floats among the lines.
-    const key = (y0, rows) => rows.forEach((r, j) => {
-      const ly = y0 + 10 + j * 16, cls = "calc-series " + (r.cls || "") + (r.scheme && r.scheme === selected ? " calc-selected" : "");
-      svg.append(h("svg:line", { x1: W - R + 6, x2: W - R + 22, y1: ly - 4, y2: ly - 4, stroke: r.color || null, class: cls }),
-        h("svg:text", { x: W - R + 26, y: ly, class: "calc-tick", text: r.text }));
-    });
+    const key = (y0, rows) => {
+      rows.forEach((r, j) => {
+        const ly = y0 + 10 + j * 16, cls = "calc-series " + (r.cls || "") + (r.scheme && r.scheme === selected ? " calc-selected" : "");
+        svg.append(h("svg:line", { x1: W - R + 6, x2: W - R + 22, y1: ly - 4, y2: ly - 4, stroke: r.color || null, class: cls }),
+          h("svg:text", { x: W - R + 26, y: ly, class: "calc-tick", text: r.text }));
+      });
+      if (alone) svg.append(h("svg:text", { x: W - R + 6, y: y0 + 10 + rows.length * 16, class: "calc-tick calc-key-note",
+        text: "at 1 GPU: no comm, all equal" }));
+    };
+    const valued = (s, text) => (alone && s.scheme ? s.name : text);  // one GPU: the scheme's name alone
     const yh = panel(T, top, series.map((s) => s.values), "hours (log)");
     series.forEach((s) => svg.append(line(yh, s.values, { class: "calc-series " + (s.cls || "") + (s.scheme === selected ? " calc-selected" : ""),
       stroke: s.color || null, "data-series": s.name })));
-    key(T, series.map((s) => ({ ...s, text: `${s.name}: ${fmt(s.values[at])} h` })));
+    key(T, series.map((s) => ({ ...s, text: valued(s, `${s.name}: ${fmt(s.values[at])} h`) })));
     const dot = (y, v) => h("svg:circle", { cx: lx(page.gpus), cy: y(v), r: 3.5, class: "calc-dot" });
     svg.append(dot(yh, sw.hours[at]));
     if (hasCost) {
@@ -392,7 +420,7 @@ def calculator_run(argv_json):
       costs.forEach((s) => svg.append(line(yc, s.values, { class: "calc-series" + (s.scheme === selected ? " calc-selected" : ""),
         stroke: s.color, "data-series": `${s.scheme} cost + comm` })));
       key(top + gap, [{ ...series[0], text: `compute only: ${fmt(sw.cost[at])}` },
-        ...costs.map((s) => ({ ...s, text: `${s.name}: ${fmt(s.values[at])}` }))]);
+        ...costs.map((s) => ({ ...s, text: valued(s, `${s.name}: ${fmt(s.values[at])}`) }))]);
       svg.append(dot(yc, sw.cost[at]));
     }
     svg.append(h("svg:line", { x1: lx(page.gpus), x2: lx(page.gpus), y1: T, y2: H - 40, class: "calc-now" }));

@@ -18,8 +18,9 @@ What it assumes (each one a flag where a reader may differ):
               it has no bf16) and MFU 40 %;
   memory      the memory ledger, code/memory.py: weights, gradients and optimizer state by precision
               layout (--layout; default: train_gpu.py's autocast over fp32 weights), split by DDP or
-              ZeRO-1/2/3; this model's activations (bf16 autocast, flash attention, eager autograd),
-              the logits over --vocab-size and the loss's temporaries; --checkpoint-activations;
+              ZeRO-1/2/3 (on one GPU they are DDP: one row); this model's activations (bf16 autocast,
+              flash attention, eager autograd), the logits over --vocab-size and the loss's temporaries;
+              --checkpoint-activations;
   fits        GB = 1e9 bytes; a run fits when the ledger's peak stays under 90 % of the GPU's memory
               (the rest: the CUDA context, the allocator's fragmentation, backward's short-lived buffers).
   batch       the global batch: GPT-3's for the nearest size (Brown et al. 2020, Table 2.1; 0.5M tokens
@@ -255,7 +256,11 @@ def script_run(n_params: float, gpus: int, scheme: str, shape=None, grad_accum: 
 
 def budget_schemes(gpus: int, gpus_per_node: int, layout: str = "autocast") -> tuple:
     """The rows the budget plans: the textbook's four, and HSDP as train_gpu.py runs it once the run spans
-    machines whole (on one machine it is ZeRO-3; the textbook's layouts have no HSDP row)."""
+    machines whole (on one machine it is ZeRO-3; the textbook's layouts have no HSDP row). On one GPU,
+    DDP's row alone: there is nothing to shard and no one to send to, so ZeRO-1/2/3 would repeat it
+    (tests/test_budget.py checks that the ledger gives them the same numbers)."""
+    if gpus == 1:
+        return ("ddp",)
     spans = gpus > gpus_per_node and gpus % gpus_per_node == 0
     return (*memory.SCHEMES, "hsdp") if spans and layout == "autocast" else memory.SCHEMES
 
@@ -441,8 +446,15 @@ def _cell(x, width: int) -> str:
     return f"{'?':>{width}}" if x is None else f"{x / GB:>{width}.2f}"
 
 
-def memory_label(layout: str, fp32_grads: bool = False) -> str:
-    """What the memory rows count: train_gpu.py's own precision per scheme, or a textbook layout."""
+ONE_GPU_LINE = ("one GPU     nothing to shard and no gradients to all-reduce: DDP and ZeRO-1/2/3 hold the same "
+                "and send nothing, so one row")
+
+
+def memory_label(layout: str, fp32_grads: bool = False, gpus: int | None = None) -> str:
+    """What the memory rows count: train_gpu.py's own precision per scheme (on one GPU, the plain model's),
+    or a textbook layout."""
+    if layout == "autocast" and gpus == 1:
+        return f"as train_gpu.py runs it on one GPU: {memory.PRECISIONS['autocast']}"
     if layout == "autocast":
         return (f"as train_gpu.py runs: DDP {memory.PRECISIONS['autocast']} (gradients as bucket views), "
                 f"FSDP {memory.PRECISIONS['bf16'].removeprefix('FSDP2 ')}; ZeRO-1 (not in train_gpu.py) as the "
@@ -479,10 +491,10 @@ def report(est: dict, gpu_label: str, peak_flops: float, mfu: float, memory_gb, 
                         f"shape's {n:,.0f}, the model train_gpu.py builds from it (code/shapes.py)")
     if est["cost"] is not None:
         lines.append(f"cost        {est['cost']:,.0f} (GPU-hours × price per GPU-hour)")
-    lines.append(f"memory per GPU (GB): {memory_label(layout, fp32_grads)}; activations of eager autograd "
+    lines.append(f"memory per GPU (GB): {memory_label(layout, fp32_grads, est['gpus'])}; activations of eager autograd "
                  f"with flash attention{', checkpointed per block' if checkpoint else ''}; logits include the "
-                 f"loss's temporaries; state includes DDP's buckets, FSDP's gathered weights and, with "
-                 f"accumulation, its whole fp32 gradients")
+                 f"loss's temporaries" + ("" if est["gpus"] == 1 else "; state includes DDP's buckets, FSDP's "
+                                          "gathered weights and, with accumulation, its whole fp32 gradients"))
     limit = None if memory_gb is None else USABLE_FRACTION * memory_gb
     header = f"  {'scheme':<12} {'state':>8} {'activations':>12} {'logits':>8} {'total':>8}"
     if limit is not None:
@@ -495,6 +507,8 @@ def report(est: dict, gpu_label: str, peak_flops: float, mfu: float, memory_gb, 
             row += f"   {'?' if m['fits'] is None else ('yes' if m['fits'] else 'no'):<19}"
             row += f"  {'?' if m['max_micro_batch'] is None else m['max_micro_batch']}"
         lines.append(row)
+    if est["gpus"] == 1:  # budget_schemes: one row
+        lines.append(ONE_GPU_LINE)
     if est["step"]["grad_accum"] > 1 and est["gpus"] > 1:
         every = [memory.SCHEME_NAMES[s] for s in ("zero2", "zero3") if est["memory"][s]["sync_every"]]
         lines.append("accumulate  FSDP holds the whole fp32 gradients until the last micro-batch and reduce-scatters "
@@ -504,7 +518,10 @@ def report(est: dict, gpu_label: str, peak_flops: float, mfu: float, memory_gb, 
         lines.append("  (activations need --d-model and --n-layer)")
     elif limit is not None:
         fitting = [s for s, m in est["memory"].items() if m["fits"]]
-        if fitting:
+        if est["gpus"] == 1:
+            lines.append("verdict     fits on one GPU" if fitting else "verdict     does not fit on one GPU: lower "
+                         "--micro-batch, add --checkpoint-activations, or shard over more GPUs")
+        elif fitting:
             lines.append(f"verdict     fits under {memory.SCHEME_NAMES[fitting[0]]}"
                          + ("" if fitting[0] == "ddp" else " (not under plain DDP)"))
         else:
@@ -976,8 +993,10 @@ def page(argv: list) -> dict:
         sweep["hours"].append(e["hours"])
         sweep["cost"].append(e["cost"])
         for s in schemes:
-            m = e["memory"].get(s, {"comm_s": None})  # HSDP on one machine: no point of its own
-            comm, price = m["comm_s"], args.price_per_gpu_hour
+            m = e["memory"].get(s)  # HSDP on one machine: no point of its own
+            if m is None and g == 1 and s in memory.SCHEMES:  # one GPU: each is DDP's run (budget_schemes)
+                m = e["memory"]["ddp"]
+            comm, price = None if m is None else m["comm_s"], args.price_per_gpu_hour
             hours = None if comm is None else e["step"]["steps"] * (e["step"]["compute_s"] + comm) / 3600
             sweep["hours_with_comm"][memory.SCHEME_NAMES[s]].append(hours)
             sweep["cost_with_comm"][memory.SCHEME_NAMES[s]].append(

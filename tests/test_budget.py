@@ -571,18 +571,69 @@ def test_the_seed_question_124m_at_8_by_1024_does_not_fit_12_gb():
     assert p["est"]["n_params"] == param_count(768, 12, 50257) and p["memory_gb"] == 12
     assert round(ddp["total"] / 1e9, 2) == 11.41 and usable == pytest.approx(10.8e9)
     assert not ddp["fits"] and ddp["max_micro_batch"] == 7
-    assert not any(m["fits"] for m in p["est"]["memory"].values())  # one GPU: sharding changes nothing
-    assert "fits 10.8 of 12 GB?" in p["text"] and "verdict     fits under no scheme" in p["text"]
+    assert list(p["est"]["memory"]) == ["ddp"]  # one GPU: sharding changes nothing, one row
+    assert "fits 10.8 of 12 GB?" in p["text"] and "verdict     does not fit on one GPU: " in p["text"]
     seven = budget.plan([*SEED_12GB[:-1], "7"])["est"]["memory"]["ddp"]
     assert seven["fits"] and seven["total"] <= usable
     ck = budget.plan([*SEED_12GB, "--checkpoint-activations"])
     assert ck["est"]["memory"]["ddp"]["fits"] and round(ck["est"]["memory"]["ddp"]["total"] / 1e9, 2) == 7.36
-    assert "verdict     fits under DDP" in ck["text"]
+    assert "verdict     fits on one GPU\n" in ck["text"]
     # the trap the vocabulary rule closes: GPT-2's shape on the book's 8,192 tokens is a 91M model that fits
     small = budget.plan([*SEED_12GB[2:], "--d-model", "768", "--n-layer", "12", "--vocab-size", "8192"])
     assert small["est"]["n_params"] < 0.1e9 and small["est"]["memory"]["ddp"]["fits"]
     same = budget.plan([*SEED_12GB[2:], "--d-model", "768", "--n-layer", "12"])  # the shape alone: GPT-2's
     assert same["est"]["memory"]["ddp"]["total"] == ddp["total"]
+
+
+# ---- one GPU: one row, since there is nothing to shard --------------------------------------------------
+
+@pytest.mark.parametrize("argv", [
+    SEED_12GB,
+    [*SEED_12GB, "--checkpoint-activations", "--grad-sync", "every"],
+    ["--model", "1.3B", "--gpu", "H100", "--layout", "mixed", "--fp32-grads", "--grad-accum", "1"],
+    ["--params", "1e9", "--layout", "mixed"],  # the state alone
+])
+def test_on_one_gpu_the_ledger_gives_every_scheme_ddps_numbers(argv):
+    """Why one GPU shows one row: ZeRO-1/2/3 over one GPU hold what DDP holds and send nothing."""
+    args, est = (p := budget.plan([*argv, "--gpus", "1"]))["args"], p["est"]
+    accum = est["step"]["grad_accum"]
+    for scheme in memory.SCHEMES:
+        sync = budget.choose_sync(p["shape"], est["n_params"], 1, scheme, p["memory_gb"], args.layout,
+                                  args.checkpoint_activations, accum, args.grad_sync)
+        row = budget.peak_parts(p["shape"], est["n_params"], 1, scheme, args.layout, args.fp32_grads,
+                                args.checkpoint_activations, accum, sync)
+        ddp = budget.peak_parts(p["shape"], est["n_params"], 1, "ddp", args.layout, args.fp32_grads,
+                                args.checkpoint_activations, accum)
+        assert row["total"] == pytest.approx(ddp["total"], rel=1e-12), scheme
+        assert budget._state(row) == pytest.approx(budget._state(ddp), rel=1e-12), scheme
+        assert budget.comm_bytes_per_step(est["n_params"], 1, scheme, args.layout, args.fp32_grads, accum,
+                                          p["shape"], sync) == 0
+
+
+def _memory_rows(text):
+    """The schemes of the memory table's rows, in order."""
+    lines = text.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("  scheme ") and "activations" in x) + 1
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("  "))
+    return [x.split()[0] for x in lines[start:end]]
+
+
+def test_one_gpu_prints_one_row_and_says_why():
+    one = cli(*SEED_12GB)
+    assert one.returncode == 0, one.stderr
+    assert _memory_rows(one.stdout) == ["DDP"]  # not four rows with the same numbers
+    assert budget.ONE_GPU_LINE in one.stdout.splitlines()
+    assert "ZeRO-1 (not in train_gpu.py)" not in one.stdout and "FSDP's gathered weights" not in one.stdout
+    page = budget.page(SEED_12GB)
+    assert list(page["memory"]) == ["DDP"] and [b["scheme"] for b in page["memory_figure"]["bars"]] == ["DDP"]
+    # the time plot still shows what each scheme costs once there are GPUs to shard over
+    sweep = page["sweep"]
+    for name in ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3/FSDP"):  # from one GPU, where each is compute alone, on
+        assert None not in sweep["hours_with_comm"][name] and sweep["hours_with_comm"][name][0] == sweep["hours"][0]
+    assert sweep["hours_with_comm"]["ZeRO-3/FSDP"][1] > sweep["hours_with_comm"]["DDP"][1]  # 2 GPUs: they part
+    two = cli(*SEED_12GB[:2], "--gpus", "2", *SEED_12GB[4:])
+    assert _memory_rows(two.stdout) == ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3/FSDP"]
+    assert budget.ONE_GPU_LINE not in two.stdout
 
 
 # ---- the memory figure: no label overlaps a line, a bar or another label ---------------------------------

@@ -216,10 +216,9 @@ SHOWN = """() => {
 }"""
 
 
-@pytest.fixture(scope="module")
-def calculator(site, browser):
+def open_calculator(site, browser, width, height):
     """The chapter's page with the calculator loaded; every request that is not to the local server fails."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context = browser.new_context(viewport={"width": width, "height": height})
     blocked, errors = [], []
     local = urlparse(site).netloc
 
@@ -244,6 +243,11 @@ def calculator(site, browser):
     context.close()
     assert not errors, f"console errors: {errors}"
     assert not blocked, f"the page asked for something outside the book: {blocked}"
+
+
+@pytest.fixture(scope="module")
+def calculator(site, browser):
+    yield from open_calculator(site, browser, 1280, 900)
 
 
 def shows(page, config, scheme, by_hand=False):
@@ -287,9 +291,10 @@ def check(shown, config, scheme):
     costs = ["cost"] + [f"{s} cost + comm" for s, v in expected["sweep"]["cost_with_comm"].items() if None not in v]
     assert shown["series"] == ["compute only", *comm] + (costs if None not in expected["sweep"]["cost"] else [])
     assert shown["labelled"] and shown["svgs"] == 2 - (not drawn)  # without a shape: no memory plot
-    if drawn:
-        assert shown["selectedBar"] == [scheme]
-    assert shown["marked"] == [line + "\n" for line in stdout.splitlines() if line.startswith(f"  {scheme} ")]
+    if drawn:  # one GPU has DDP's bar alone (budget.budget_schemes)
+        assert shown["selectedBar"] == ([scheme] if scheme in expected["memory"] else [])
+    marked = [m.removesuffix("\n") for m in shown["marked"]]  # a mark may hold its line's newline or not
+    assert marked == [line for line in stdout.splitlines() if line.startswith(f"  {scheme} ")]
     assert not shown["overlaps"], "labels overlap in the figures"  # budget.memory_figure's promise, rendered
     return "text"
 
@@ -358,3 +363,76 @@ def test_a_named_model_sets_its_own_micro_batch(calculator, model):
         assert own == "2"
     config = {argv[i]: argv[i + 1] for i in range(0, len(argv), 2)}
     assert check(shown, config, "DDP") == "text"
+
+
+# ---- one GPU: one row and one bar; the time plot's key does not repeat one number per scheme ----
+
+SEED_12GB = {"--model": "124M", "--gpus": "1", "--gpu": "RTX3060", "--seq-len": "1024", "--micro-batch": "8"}
+KEY = """() => [...[...document.querySelectorAll('#budget-calculator .calc-plots svg')].pop()
+  .querySelectorAll('text.calc-tick')].map(t => t.textContent)"""  # the time plot's key and ticks
+
+
+def test_one_gpu_shows_one_row_one_bar_and_says_why(calculator):
+    shown = shows(calculator, SEED_12GB, "ZeRO-2")  # a scheme one GPU has no row of: nothing is marked
+    assert check(shown, SEED_12GB, "ZeRO-2") == "text"
+    assert {scheme for scheme, _, _ in shown["segments"]} == {"DDP"} and budget.ONE_GPU_LINE in shown["output"]
+    key = calculator.evaluate(KEY)
+    assert "at 1 GPU: no comm, all equal" in key and "ZeRO-1 + comm" in key, " / ".join(key)
+    assert not [t for t in key if " + comm: " in t], f"one number per scheme, all the same: {key}"
+    shown = shows(calculator, {**SEED_12GB, "--gpus": "2"}, "ZeRO-2")  # two GPUs: a row and a value each
+    assert {scheme for scheme, _, _ in shown["segments"]} == set(SCHEMES)
+    assert "ZeRO-2 + comm: " in " ".join(calculator.evaluate(KEY))
+
+
+# ---- a phone (390 px): the tables keep their columns, the plots' labels stay legible ----
+
+PHONE = """() => {
+  const root = document.getElementById('budget-calculator'), out = root.querySelector('pre.calc-output');
+  // each printed line, found in the text however the page wraps it in elements: the lines it is laid out on
+  const walker = document.createTreeWalker(out, NodeFilter.SHOW_TEXT), lines = [];
+  for (let node; (node = walker.nextNode());) {
+    let at = 0;
+    for (const part of node.data.split('\\n')) {
+      if (part.startsWith('  ')) {
+        const r = document.createRange(); r.setStart(node, at); r.setEnd(node, at + part.length);
+        const tops = new Set([...r.getClientRects()].filter(b => b.width > 0).map(b => Math.round(b.top)));
+        lines.push([part, tops.size]);
+      }
+      at += part.length + 1;
+    }
+  }
+  const boxes = [...root.querySelectorAll('.calc-plots svg')].map(svg => svg.parentElement);
+  return {
+    page: document.documentElement.scrollWidth, viewport: window.innerWidth,
+    right: root.getBoundingClientRect().right,
+    rows: lines, outputScrolls: out.scrollWidth > out.clientWidth,
+    // the size a label is seen at: its font size times the plot's shown width over its drawn width
+    labels: [...root.querySelectorAll('.calc-plots svg')].flatMap(svg => {
+      const scale = svg.getBoundingClientRect().width / svg.viewBox.baseVal.width;
+      return [...svg.querySelectorAll('text')].map(t => [t.textContent, parseFloat(getComputedStyle(t).fontSize) * scale]);
+    }),
+    hints: boxes.map(b => [b.scrollWidth > b.clientWidth + 1, getComputedStyle(b, '::before').content]),
+  };
+}"""
+
+
+@pytest.fixture(scope="module")
+def phone(site, browser):
+    yield from open_calculator(site, browser, 390, 844)
+
+
+@pytest.mark.parametrize("config", [
+    SEED_12GB,
+    {"--model": "7B", "--gpus": "64", "--gpu": "H100", "--micro-batch": "2", "--price-per-gpu-hour": "2"},
+])
+def test_on_a_phone_the_tables_keep_their_columns_and_the_labels_stay_legible(phone, config):
+    shown = shows(phone, config, "DDP")
+    assert check(shown, config, "DDP") == "text"
+    m = phone.evaluate(PHONE)
+    assert m["page"] <= m["viewport"] and m["right"] <= m["viewport"], "the calculator is wider than the phone"
+    wrapped = [row for row, shown_on in m["rows"] if shown_on != 1]
+    assert len(m["rows"]) >= 2 and not wrapped, f"table rows wrapped onto more than one line at 390 px: {wrapped}"
+    small = [(t, round(px, 1)) for t, px in m["labels"] if px < 10 - 1e-6]
+    assert m["labels"] and not small, f"plot labels shown below 10 px at 390 px: {small[:5]}"
+    assert m["outputScrolls"]  # the rows are wider than a phone: their box scrolls, the page does not
+    assert all(scrolls and "滑动" in hint for scrolls, hint in m["hints"]), m["hints"]
