@@ -2,8 +2,10 @@
 
 For each chapter: how its outputs were produced (executed by this build, or taken from the execution
 cache, where an earlier build or nbval put them), when (the cache record's time), how long it took, on
-what machine (the chapter's own experiment record, the `print_record()` cell at its end) and, for a
-chapter with cells tagged `cuda`, whether those show a GPU run and which.
+what machine (the chapter's own experiment record, the `print_record()` cell at its end), for a
+chapter with cells tagged `cuda`, whether those show a GPU run and which, and the record's tightest
+asserts on measured values. All of it is said for a reader, in plain Chinese (row_cells; no tool or
+cache names: "taken from the cache" reads 沿用, nbval reads 运行本书的测试).
 
 The page holds the directive
     ```{provenance-table}
@@ -35,12 +37,16 @@ MACHINE_KEYS = ("CPU", "CPU cores", "python", "torch")  # what says which machin
 TIME_FORMAT = "%Y-%m-%d %H:%M UTC"
 RUNTIME_CLASS = "chapter-runtime"  # the class of the sentence at the top of each chapter's page
 
+# how a chapter's outputs came to be on the page, said for a reader: an output taken from the execution cache
+# is used only while the chapter's code and inputs are unchanged (bookbuild/cache.py), and nbval stores a
+# chapter there only when its outputs matched the stored reference outputs (bookbuild/nbval_hooks.py)
 HOW = {
-    "build": "本次构建执行",
-    "earlier build": "取自执行缓存：较早的构建执行",
-    "nbval": "取自执行缓存：nbval（测试）执行",
-    "not executed": "未执行",
-    "failed": "执行失败",
+    "build": "这次构建时执行",
+    "earlier build": "沿用较早一次构建时的执行（此后本章的代码和输入都没变）",
+    "nbval": "沿用运行本书测试时的执行：测试把它的输出与仓库里存的参考输出逐格核对过（随机器而变的数字除外），"
+             "此后本章的代码和输入都没变",
+    "not executed": "没有执行，页面上没有它的输出",
+    "failed": "执行失败，页面上没有它的输出",
 }
 
 
@@ -86,13 +92,13 @@ def same_machine(record: dict, build_machine: dict) -> bool:
 
 
 def machine_text(record: dict, build_machine: dict) -> str:
-    """The machine a chapter ran on: 'this build's machine' when its record matches it."""
+    """The machine a chapter ran on: 'the machine that built this edition' when its record matches it."""
     if not record:
         return "（本章没有实验记录）"
     kernels = (f"，{record['ISA']}" if record.get("ISA") else "") + (
         f"，{record['torch threads']} 个线程" if record.get("torch threads") else "")
     if same_machine(record, build_machine):
-        return "本构建机器" + kernels
+        return "构建这一版的机器" + kernels
     return (f"{record.get('CPU', '?')}，{record.get('CPU cores', '?')} 核，"
             f"Python {record.get('python', '?')}，torch {record.get('torch', '?')}" + kernels)
 
@@ -103,20 +109,57 @@ def cuda_text(has_cuda_cells: bool, stored: dict | None) -> str:
     if not has_cuda_cells:
         return ""
     if stored:
-        return (f"CUDA 单元格：一次保存的 GPU 运行的输出（{stored.get('gpu', '?')}，{stored.get('date', '?')}，"
-                f"提交 {stored.get('commit', '?')}）。")
-    return "CUDA 单元格：构建不执行它们（它们要在 GPU 上运行），也还没有保存的 GPU 运行。"
+        return (f"要 GPU 的几格构建时不执行，显示的是存档的一次 GPU 运行的输出（{stored.get('gpu', '?')}，"
+                f"{stored.get('date', '?')}，提交 {stored.get('commit', '?')}）。")
+    return "要 GPU 的几格构建时不执行，也还没有存档的 GPU 运行，它们下面没有输出。"
 
 
-def numbers_text(how: str, has_cuda_cells: bool, stored: dict | None) -> str:
-    """Where a chapter's numbers come from."""
-    if how in ("not executed", "failed"):
-        own = "本页没有执行输出。"
-    elif how == "build":
-        own = "来自这次构建的执行。"
-    else:
-        own = "来自左边这次较早的执行（此后代码和输入都没变）。"
-    return own + cuda_text(has_cuda_cells, stored)
+def how_text(how: str, has_cuda_cells: bool, stored: dict | None) -> str:
+    """How a chapter's outputs came to be on the page (HOW), and where its cells tagged `cuda` ran."""
+    return HOW[how] + "。" + cuda_text(has_cuda_cells, stored)
+
+
+SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+MARGIN_ENTRY = re.compile(r"(?P<name>.+) (?P<margin>×\S+|[+-]\S+) \((?P<value>\S+) (?P<op>[<>]) (?P<bound>\S+)\)")
+
+
+def number_text(text: str) -> str:
+    """A number as print_record wrote it (Python's .3g), in the book's prose notation: 1.26e+08 -> 1.26 × 10⁸."""
+    mantissa, e, exponent = text.partition("e")
+    return f"{mantissa} × 10{str(int(exponent)).translate(SUPERSCRIPT)}" if e and exponent else text
+
+
+def margins_text(record_margins: str | None) -> list[str]:
+    """The record's tightest asserts on measured values (measure.margins_text's 'name ×1.26 (1.07 < 1.35); ...'),
+    one Chinese sentence each: the claim as the chapter's code names it, the value measured, its bound and how far
+    it was from it. An entry that does not read as one is shown as it is."""
+    if not record_margins:
+        return ["本章没有对量出来的数字下断言。"]
+    said = []
+    for entry in record_margins.split("; "):
+        m = MARGIN_ENTRY.fullmatch(entry.strip())
+        if not m:
+            said.append(entry)
+            continue
+        value, bound, margin = number_text(m["value"]), number_text(m["bound"]), m["margin"]
+        below = m["op"] == "<"
+        if margin.startswith("×"):
+            far = (f"界限是测得值的 {margin[1:]} 倍" if below else f"测得值是界限的 {margin[1:]} 倍")
+        else:
+            far = f"{'低' if below else '高'}出界限 {number_text(margin.lstrip('+'))}"
+        said.append(f"「{m['name']}」：测得 {value}，应{'小于' if below else '大于'} {bound}，{far}。")
+    return said
+
+
+def row_cells(row: dict) -> list:
+    """The provenance table's cells for one chapter after its title (ROW_HEADER), from chapter_rows' row."""
+    when = row["when"] or "没有执行"
+    took = "用时没有记录" if row["seconds"] is None else f"用了 {duration_text(row['seconds'])}"
+    commit = f"；代码提交 {row['commit']}" if row["commit"] else ""
+    return [row["how_text"], f"{when}，{took}", row["machine"] + commit, row["margins"]]
+
+
+ROW_HEADER = ["章", "页面上的输出从哪来", "何时执行、用了多久", "在哪台机器上、哪个代码提交", "离界限最近的断言"]
 
 
 def duration_text(seconds: float) -> str:
@@ -199,13 +242,13 @@ def chapter_rows(env, build_started: datetime.datetime) -> tuple[list[dict], dic
         has_cuda_cells = any(cuda.is_cuda_cell(c) for c in nb_read.cells)
         stored = cuda.stored_gpu_run(md) if has_cuda_cells else None
         rows.append({
-            "docname": docname, "title": book.title(md), "how": HOW[how],
-            "when": created.strftime(TIME_FORMAT) if created else "—",
-            "seconds": f"{seconds:.0f} s" if seconds is not None else "—",
-            "commit": record.get("git commit", "—"),
+            "docname": docname, "title": book.title(md),
+            "when": created.strftime(TIME_FORMAT) if created else None,
+            "seconds": seconds,
+            "commit": record.get("git commit"),
             "machine": machine_text(record, machine),
-            "numbers": numbers_text(how, has_cuda_cells, stored),
-            "margins": record.get("margins", "—"),  # measure.check's tightest asserts, as print_record wrote them
+            "how_text": how_text(how, has_cuda_cells, stored),
+            "margins": margins_text(record.get("margins")),  # measure.check's tightest asserts, said in Chinese
             "run": {"how": how, "seconds": seconds, "record": record},  # for the chapter page's own sentence
         })
     return rows, machine
@@ -254,9 +297,7 @@ def fill_table(app, doctree, docname):
         f"{machine.get('CPU cores')} 核，{machine.get('ISA')}，{machine.get('OS')}，Python {machine.get('python')}，"
         f"torch {machine.get('torch')}" + (f"，{machine['GPU']}" if machine.get("GPU") else "，没有 GPU")
         + f"；代码提交 {machine.get('git commit')}。"))
-    header = ["章", "怎样执行", "执行时间、用时", "代码提交、机器", "本页的数字", "最紧的断言余量"]
-    table = _table(header, [[_link(app, docname, r["docname"], r["title"]), r["how"], f"{r['when']}，{r['seconds']}",
-                             f"{r['commit']}，{r['machine']}", r["numbers"], r["margins"]] for r in rows])
+    table = _table(ROW_HEADER, [[_link(app, docname, r["docname"], r["title"]), *row_cells(r)] for r in rows])
     for node in placeholders:
         node.replace_self([built, table])
 
@@ -328,8 +369,11 @@ def _table(header, rows):
     group += body
     for cells, parent in [(header, head)] + [(r, body) for r in rows]:
         row = nodes.row()
-        for cell in cells:
-            row += nodes.entry("", cell if isinstance(cell, nodes.Node) else nodes.paragraph(text=cell))
+        for cell in cells:  # a node, a string, or a list of strings (a paragraph each)
+            if isinstance(cell, nodes.Node):
+                row += nodes.entry("", cell)
+            else:
+                row += nodes.entry("", *(nodes.paragraph(text=t) for t in ([cell] if isinstance(cell, str) else cell)))
         parent += row
     return table
 

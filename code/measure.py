@@ -1,14 +1,18 @@
 """Measuring: this machine's matmul peak, the timing loop, where a step's time goes (profiler
-buckets), and the record of what produced a chapter's numbers (printed here, gathered by record.py
-without torch). The FLOP formula lives in shapes.py and is importable from here, beside the clock it
-is divided by."""
+buckets) and its FLOPs and bytes by the same buckets (Traffic), and the record of what produced a
+chapter's numbers (printed here, gathered by record.py without torch). The FLOP formula lives in
+shapes.py and is importable from here, beside the clock it is divided by."""
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
 
 from record import EMULATION_VARS, cpu_flags, cpu_isa, cpu_name, experiment_record, git_commit, git_state  # noqa: F401,E501  (re-exported: the chapters import them from here)
 from script_support import accumulate_gradients
@@ -429,6 +433,58 @@ def bucket_shares(prof) -> dict:
         self_us[bucket] = self_us.get(bucket, 0.0) + evt.self_cpu_time_total
     total = sum(self_us.values())
     return {k: v / total for k, v in self_us.items()}
+
+
+class Traffic(TorchDispatchMode):
+    """FLOPs and bytes of every aten op run under it, summed by profiler bucket (chapter 3).
+
+    Bytes = the tensors an op reads plus those it writes (new outputs and in-place arguments); a view
+    moves nothing and counts nothing. A matmul's FLOPs are the FLOP counter's formula, any other op
+    counts 1 FLOP per element written. The buckets follow the profiler's: matmul; whatever runs inside
+    model._VocabCrossEntropy; a forward op on a (B, H, T, T) tensor is attention (its backward falls
+    into elementwise, as in the profile); everything while `in_optimizer` is set is the optimizer."""
+
+    def __init__(self, seq_len: int):
+        import model
+        super().__init__()
+        self.seq_len, self.in_optimizer, self.flops, self.bytes = seq_len, False, {}, {}
+        self.vocab_code = {model._VocabCrossEntropy.forward.__code__, model._VocabCrossEntropy.backward.__code__}
+
+    def bucket(self, func, tensors) -> str:
+        if self.in_optimizer:
+            return "optimizer"
+        if func._overloadpacket in flop_registry:
+            return "matmul"
+        frame = sys._getframe(2)  # the caller of __torch_dispatch__
+        while frame is not None:  # called from _VocabCrossEntropy's Python code?
+            if frame.f_code in self.vocab_code:
+                return "softmax/CE over vocab"
+            frame = frame.f_back
+        in_backward = torch._C._current_autograd_node() is not None
+        if not in_backward and any(t.dim() == 4 and t.shape[-2:] == (self.seq_len,) * 2 for t in tensors):
+            return "attention"
+        return OTHER_BUCKET
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        returns = func._schema.returns
+        if returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+            return out  # a view
+        ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        written = [t for a, s in zip(args, func._schema.arguments)  # in-place arguments: written back
+                   if s.alias_info is not None and s.alias_info.is_write
+                   for t in tree_flatten(a)[0] if isinstance(t, torch.Tensor)]
+        new_outs = [t for t in outs if not any(t is i for i in ins)]
+        k = self.bucket(func, ins + outs)
+        if k == "matmul":
+            flops = flop_registry[func._overloadpacket](*args, **kwargs, out_val=out)
+        else:
+            flops = sum(t.numel() for t in new_outs + written)
+        self.flops[k] = self.flops.get(k, 0) + flops
+        self.bytes[k] = self.bytes.get(k, 0) + sum(t.nbytes for t in ins + new_outs + written)
+        return out
 
 
 

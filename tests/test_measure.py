@@ -221,6 +221,27 @@ def test_profiler_buckets_follow_the_callers_and_shares_sum_to_one():
     assert sum(shares.values()) == pytest.approx(1.0)
 
 
+def test_traffic_counts_a_matmuls_flops_and_bytes_as_by_hand():
+    from measure import OTHER_BUCKET, Traffic
+    m, k, n = 3, 5, 7
+    a, b = torch.ones(m, k), torch.ones(k, n)
+    traffic = Traffic(seq_len=4)
+    with traffic:
+        c = a @ b  # aten::mm: reads a and b, writes c
+    assert traffic.flops == {"matmul": 2 * m * k * n}
+    assert traffic.bytes == {"matmul": 4 * (m * k + k * n + m * n)}  # fp32: 4 bytes an element
+    with traffic:
+        c.t()  # a view moves nothing
+        c.add_(1.0)  # in place: reads c, writes c back
+        torch.ones(m, n, dtype=torch.bfloat16) * 2  # fills one tensor, then reads it and writes a new one
+    assert traffic.flops[OTHER_BUCKET] == m * n + m * n + m * n
+    assert traffic.bytes[OTHER_BUCKET] == 4 * (m * n + m * n) + 2 * (m * n) + 2 * (m * n + m * n)
+    traffic.in_optimizer = True
+    with traffic:
+        c.mul_(0.5)
+    assert traffic.flops["optimizer"] == m * n and traffic.bytes["optimizer"] == 4 * 2 * m * n
+
+
 def test_min_rounds_and_round_halves(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(measure, "clock", clock)

@@ -3,6 +3,7 @@ import contextlib
 import datetime
 import io
 import json
+import re
 
 import jupytext
 import nbformat
@@ -59,13 +60,13 @@ def test_how_executed():
 
 def test_machine_text_names_another_machine():
     here = {"CPU": "CPU A", "CPU cores": "2", "python": "3.11.9", "torch": "2.5.1", "OS": "Debian"}
-    assert provenance.machine_text(dict(here, **{"git commit": "abc1234"}), here) == "本构建机器"
+    assert provenance.machine_text(dict(here, **{"git commit": "abc1234"}), here) == "构建这一版的机器"
     other = provenance.machine_text(dict(here, CPU="CPU B", **{"CPU cores": "16"}), here)
     assert "CPU B" in other and "16 核" in other and "3.11.9" in other
     assert provenance.machine_text({}, here) == "（本章没有实验记录）"
     isa = dict(here, ISA="AVX2 (torch kernels: AVX2)", **{"torch threads": "4"})
     same = provenance.machine_text(isa, dict(here, ISA=isa["ISA"]))
-    assert same == "本构建机器，AVX2 (torch kernels: AVX2)，4 个线程"
+    assert same == "构建这一版的机器，AVX2 (torch kernels: AVX2)，4 个线程"
     capped = provenance.machine_text(isa, dict(here, ISA="AVX-512 (torch kernels: AVX512)"))
     assert "CPU A" in capped and "AVX2" in capped  # the same CPU with its kernels capped is another machine
 
@@ -73,16 +74,46 @@ def test_machine_text_names_another_machine():
 def test_cuda_text():
     stored = {"gpu": "NVIDIA H200", "date": "2026-11-30", "commit": "abc1234"}
     assert provenance.cuda_text(False, stored) == ""  # a chapter without CUDA cells says nothing of GPUs
-    assert "没有保存的 GPU 运行" in provenance.cuda_text(True, None)
+    assert "还没有存档的 GPU 运行" in provenance.cuda_text(True, None)
     text = provenance.cuda_text(True, stored)
-    assert all(v in text for v in stored.values()) and "保存的 GPU 运行" in text
+    assert all(v in text for v in stored.values()) and "存档的一次 GPU 运行" in text
 
 
-def test_numbers_text_says_which_execution():
-    assert provenance.numbers_text("build", False, None) == "来自这次构建的执行。"
-    assert "较早" in provenance.numbers_text("nbval", False, None)
-    assert "GPU" not in provenance.numbers_text("earlier build", False, None)
-    assert "没有执行输出" in provenance.numbers_text("not executed", True, None)
+def test_how_text_says_once_where_the_outputs_come_from_in_plain_chinese():
+    assert provenance.how_text("build", False, None) == "这次构建时执行。"
+    nbval = provenance.how_text("nbval", False, None)
+    assert nbval.startswith("沿用运行本书测试时的执行") and "代码和输入都没变" in nbval
+    assert "GPU" not in provenance.how_text("earlier build", False, None)
+    assert provenance.how_text("not executed", True, None) == (
+        "没有执行，页面上没有它的输出。要 GPU 的几格构建时不执行，也还没有存档的 GPU 运行，它们下面没有输出。")
+    for how in provenance.HOW:  # a reader's words, not the build's: no tool names, no cache
+        assert not re.search(r"[A-Za-z]|缓存", provenance.HOW[how]), provenance.HOW[how]
+
+
+def test_margins_are_said_in_chinese_one_claim_a_line():
+    record = ("validation loss drop over the run ×1.13 (2.83 > 2.5); "
+              "peak of the blocked loss, against the full logits ×2.96 (1.26e+08 < 3.72e+08); "
+              "crossover above the smallest message ×10 ×5.90 (2.36e+05 > 4e+04); "
+              "smallest fall between evaluation points +0.0384 (0.0384 > 0)")
+    assert provenance.margins_text(record) == [
+        "「validation loss drop over the run」：测得 2.83，应大于 2.5，测得值是界限的 1.13 倍。",
+        "「peak of the blocked loss, against the full logits」：测得 1.26 × 10⁸，应小于 3.72 × 10⁸，"
+        "界限是测得值的 2.96 倍。",
+        "「crossover above the smallest message ×10」：测得 2.36 × 10⁵，应大于 4 × 10⁴，测得值是界限的 5.90 倍。",
+        "「smallest fall between evaluation points」：测得 0.0384，应大于 0，高出界限 0.0384。"]
+    assert provenance.margins_text(None) == ["本章没有对量出来的数字下断言。"]
+    assert provenance.margins_text("something else") == ["something else"]  # shown as it is, never dropped
+    assert provenance.number_text("-1e-05") == "-1 × 10⁻⁵" and provenance.number_text("0.5") == "0.5"
+
+
+def test_a_row_reads_when_where_and_how_long():
+    row = {"how_text": "这次构建时执行。", "when": "2026-12-07 07:59 UTC", "seconds": 226.3,
+           "machine": "构建这一版的机器", "commit": "6f552f1", "margins": ["本章没有对量出来的数字下断言。"]}
+    assert provenance.row_cells(row) == ["这次构建时执行。", "2026-12-07 07:59 UTC，用了 3 分 46 秒",
+                                         "构建这一版的机器；代码提交 6f552f1", ["本章没有对量出来的数字下断言。"]]
+    never = provenance.row_cells(dict(row, when=None, seconds=None, commit=None, machine="（本章没有实验记录）"))
+    assert never[1:3] == ["没有执行，用时没有记录", "（本章没有实验记录）"]
+    assert len(provenance.ROW_HEADER) == 1 + len(never)
 
 
 def test_stored_gpu_run(tmp_path):

@@ -210,6 +210,36 @@ def test_the_first_hit_opens_at_a_section_below_the_title(site, browser, word):
         page.close()
 
 
+# Words whose first hit must open at the section that teaches them, by its heading (the reader pass found
+# 每步时间 opening chapter 2's exercises, which only use it: a glossary row now ranks the teaching page first).
+TEACHING_SECTIONS = {"每步时间": ("chapters/02_1_peak", "四种配置下的一个训练步")}
+
+
+def test_the_glossary_links_each_taught_word_to_its_teaching_page():
+    for word, (docname, _) in TEACHING_SECTIONS.items():
+        assert any(w == word and pages[0] == docname for w, pages in TERMS), f"{word}: no glossary row links {docname}"
+
+
+@pytest.mark.parametrize("word", TEACHING_SECTIONS)
+def test_the_first_hit_opens_at_the_section_that_teaches_the_word(site, browser, word):
+    docname, heading = TEACHING_SECTIONS[word]
+    page, errors = open_page(browser, f"{site}/search.html?q={quote(word)}")
+    try:
+        href, section = page.wait_for_function(FIRST_HIT_JS, timeout=30_000).json_value()
+        assert listed_chapters([href]) == [docname], f"{word!r}: the first hit is {href}, not {docname}"
+        target = browser.new_page()
+        try:
+            target.goto(href, wait_until="networkidle")
+            title = target.evaluate("id => document.getElementById(decodeURIComponent(id))"
+                                    ".querySelector('h1, h2, h3, h4').textContent", section)
+            assert heading in title, f"{word!r}: {href} opens at #{section} ({title!r}), not at {heading!r}"
+        finally:
+            target.close()
+        assert not errors, f"console errors: {errors}"
+    finally:
+        page.close()
+
+
 def test_synonyms_are_read_from_the_glossary():
     text = ("| 术语 | 英文 | 定义 | 章节 |\n|---|---|---|---|\n"
             "| 重算（也叫重计算、激活重计算） | recomputation | … | [第5章](05_accumulation.md) |\n")
