@@ -14,10 +14,10 @@
 
   // ---- how the form presents the parser's flags (labels, grouping, sliders); not what they mean ----
   const LABELS = {
-    "--model": "命名模型", "--params": "参数量 N", "--d-model": "隐藏维度 h", "--n-layer": "层数 L", "--n-head": "注意力头数",
+    "--model": "命名模型", "--params": "参数量 N", "--d-model": "宽度 d", "--n-layer": "层数 L", "--n-head": "注意力头数",
     "--vocab-size": "词表大小 V", "--gpus": "GPU 数量", "--gpu": "GPU 型号", "--peak-tflops": "自定义峰值（TFLOP/s）",
     "--memory-gb": "自定义显存（GB）", "--mfu": "MFU", "--tokens-per-param": "每个参数的 token 数",
-    "--tokens": "训练 token 数 D", "--seq-len": "序列长度 s", "--micro-batch": "微批次 b", "--layout": "精度布局",
+    "--tokens": "训练 token 数 D", "--seq-len": "序列长 T", "--micro-batch": "微批次 b", "--layout": "精度布局",
     "--fp32-grads": "fp32 梯度", "--checkpoint-activations": "激活检查点", "--price-per-gpu-hour": "每 GPU 小时的价格",
     "--grad-accum": "梯度累积步数", "--link-gb-s": "卡间带宽（GB/s，单向）", "--gpus-per-node": "每台机器的 GPU 数",
     "--node-link-gbit": "机间网口（Gb/s）", "--grad-sync": "FSDP 累积时的梯度同步",

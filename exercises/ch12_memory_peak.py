@@ -5,7 +5,7 @@ shape (code/memory.py's Shape: d_model, n_layer, n_head, seq_len, micro_batch, v
 train_gpu.py does on one GPU: fp32 weights, gradients and AdamW's two moments, bf16 autocast with flash
 attention, the full logits, no activation checkpointing. Work it out from chapter 12 (per layer, the
 head, the logits and their temporaries, autocast's weight copies); shapes.param_count may count the
-parameters. Check it: python -m pytest exercises -k memory_peak
+parameters. Check it: .venv/bin/python -m pytest exercises -k memory_peak
 """
 
 

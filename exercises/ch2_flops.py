@@ -3,7 +3,7 @@
 Write flops_per_token(cfg): the FLOPs one token costs in one training step (forward and backward) of
 GPT(cfg), for any cfg (code/model.py's GPTConfig: vocab_size, d_model, n_layer, n_head, seq_len). Count
 the parameters yourself (the embedding is tied with the output layer) and remember the work no parameter
-counts. Check it: python -m pytest exercises -k flops
+counts. Check it: .venv/bin/python -m pytest exercises -k flops
 """
 
 

@@ -7,7 +7,7 @@ Write LossScaler(init_scale, growth_interval) with growth factor 2 and backoff f
   update()        after a skipped step halve the scale; after growth_interval steps in a row without
                   overflow double it;
   get_scale()     the current scale, a float.
-Check it: python -m pytest exercises -k loss_scaler
+Check it: .venv/bin/python -m pytest exercises -k loss_scaler
 """
 
 

@@ -9,7 +9,7 @@ every process's gradients must equal one process's on the whole batch: their mea
    bucket's all-reduce right away (dist.all_reduce(..., async_op=True)), overlapping with the rest of
    backward. finish(), called after loss.backward(), waits for them and leaves the mean in every .grad.
    The same object is used for every step.
-gloo has no ReduceOp.AVG: sum, then divide. Check it: python -m pytest exercises -k ddp
+gloo has no ReduceOp.AVG: sum, then divide. Check it: .venv/bin/python -m pytest exercises -k ddp
 """
 import torch.distributed as dist  # noqa: F401  (what you will need)
 

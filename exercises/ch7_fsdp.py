@@ -9,7 +9,8 @@ then cut it in G pieces); the whole weights exist only while they are used.
                     (dist.reduce_scatter_tensor, then divide by G) into each shard's .grad, and free the
                     whole weights;
   full_state_dict() {name: whole tensor} of the current weights, as model.named_parameters() names them.
-The embedding is tied with the output layer: one parameter used twice. Check it: python -m pytest exercises -k fsdp
+The embedding is tied with the output layer: one parameter used twice.
+Check it: .venv/bin/python -m pytest exercises -k fsdp
 """
 import torch.distributed as dist  # noqa: F401  (what you will need)
 

@@ -5,7 +5,7 @@ using only dist.send/dist.recv (or dist.isend/dist.irecv): split it into G chunk
 reduce-scatter (send one chunk to the next rank, add the one from the previous), then G-1 steps of
 all-gather. The result must equal dist.all_reduce's, and each process must send 2·(G−1)/G of the
 tensor's bytes, as chapter 7 counts. Its length is a multiple of G.
-Check it: python -m pytest exercises -k ring
+Check it: .venv/bin/python -m pytest exercises -k ring
 """
 import torch.distributed as dist  # noqa: F401  (what you will need)
 

@@ -6,7 +6,7 @@ as optimizer_cls(params, **kwargs) would in one process, while each process keep
 only its 1/G of the parameters' numbers (flatten them and cut the vector in G equal pieces; the test
 counts the state tensors of the torch optimizers your object is or holds), and after its update sends
 its piece to the others (e.g. dist.broadcast or dist.all_gather_into_tensor).
-Check it: python -m pytest exercises -k zero1
+Check it: .venv/bin/python -m pytest exercises -k zero1
 """
 import torch.distributed as dist  # noqa: F401  (what you will need)
 

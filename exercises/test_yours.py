@@ -1,4 +1,4 @@
-"""Your answers, checked: python -m pytest exercises -k ddp (or flops, loss_scaler, accumulation, ring,
+"""Your answers, checked: .venv/bin/python -m pytest exercises -k ddp (or flops, loss_scaler, accumulation, ring,
 zero1, fsdp, memory_peak; no -k: all eight). Each test checks exercises/NAME.py, the file you edit,
 against the book's own code and fails with one sentence saying what differs.
 
