@@ -8,9 +8,7 @@ import dataclasses
 import hashlib
 import json
 import os
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -36,7 +34,7 @@ STEPS, WARMUP, EVAL_EVERY = 400, 50, 50  # the recipe's length (TrainConfig's de
 N_EVAL = 8  # fixed evaluation batches of 16 × 128 tokens: two halves of 4 for the eval noise
 RETRAIN_SEED = 1
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
-CORES = os.cpu_count() or 1
+THREADS = sorted({1, os.cpu_count() or 1})
 RECORD_PREFIX = "scaling-"
 # the code the record depends on
 SOURCES = ("scaling.py", "model.py", "train.py", "data.py", "shapes.py", "script_support.py")
@@ -76,78 +74,52 @@ def recipe(precision: str) -> TrainConfig:
     return TrainConfig(steps=STEPS, warmup=WARMUP, eval_every=EVAL_EVERY, autocast=PRECISIONS[precision])
 
 
-def side_by_side(fns: list, lanes: int):
-    """One call that runs the no-argument fns on `lanes` threads, in the order given, every op on one
-    thread: several trainings side by side instead of one at a time on all the cores."""
-    def call():
-        torch.set_num_threads(1)
-        with ThreadPoolExecutor(lanes) as pool:
-            return [f.result() for f in [pool.submit(fn) for fn in fns]]
-    return call
-
-
 def probe(train_batches) -> dict:
-    """How this machine should train the chapter's models, in two timed choices, each made only where
-    measure.compare calls one side faster beyond twice its spread:
-    - precision: one AdamW step in each precision per round, on all CORES threads, on the largest shape
-      (model size, sequences per step) whose round fits CALL_BUDGET_S, rounds alternated;
-    - how to spend the cores (if more than one): a step of each of the four sizes at the recipe's shape,
-      one at a time on all CORES threads, against the same steps CORES side by side on one thread each.
-    The whole probe's timed calls keep within about PROBE_BUDGET_S."""
+    """Threads × precision for this machine: one AdamW step of each combination per round, on the largest
+    shape (model size, sequences per step) whose round fits CALL_BUDGET_S, then rounds alternated within
+    PROBE_BUDGET_S; a choice only where measure.compare calls one side faster beyond twice its spread."""
     n = dict(zip(SIZES, n_params()))
     flops = {s: flops_per_token(config(s), n[s]) for s in SIZES}
     shapes = [(SIZES[0], b) for b in (1, 2, 4, 8)] + [(SIZES[-1], b) for b in (2, 4, 8, 16)]  # in order of work
     made = {}
 
-    def step(size, batch, dtype):
+    def step(size, batch, threads, dtype):
         m, (x, y) = fresh(size), train_batches[0]
-        return training_step_fn(m, configure_optimizer(m, 3e-3), x[:batch], y[:batch], autocast_dtype=dtype)
+        fn = training_step_fn(m, configure_optimizer(m, 3e-3), x[:batch], y[:batch], autocast_dtype=dtype)
+        return lambda: (torch.set_num_threads(threads), fn())
 
-    def one_round(i):  # one step in each precision at shape i
-        made[i] = {p: step(*shapes[i], dtype) for p, dtype in PRECISIONS.items()}
+    def one_round(i):  # one step of every combination at shape i
+        size, batch = shapes[i]
+        made[i] = {(t, p): step(size, batch, t, dtype) for t in THREADS for p, dtype in PRECISIONS.items()}
         return lambda: [fn() for fn in made[i].values()]
     t0 = time.perf_counter()
-    torch.set_num_threads(CORES)
     # margin 1: a step's time grows no faster than its FLOPs here
     pick = choose_size(one_round, range(len(shapes)), lambda i: flops[shapes[i][0]] * shapes[i][1],
                        call_budget_s=CALL_BUDGET_S, margin=1.0)
-    (size, batch) = shapes[pick["size"]]
-    budget = PROBE_BUDGET_S - pick["spent_s"]
-    res = time_steps(made[pick["size"]], warmup=0, repeats=1, rounds=5, min_rounds=LEAST_SAMPLES,
-                     budget_s=budget / 2 if CORES > 1 else budget)
-    bf16 = compare(res["fp32"]["times_s"], res["bf16"]["times_s"])
+    (size, batch), fns = shapes[pick["size"]], made[pick["size"]]
+    res = time_steps(fns, warmup=0, repeats=1, rounds=5, min_rounds=LEAST_SAMPLES,
+                     budget_s=PROBE_BUDGET_S - pick["spent_s"])
+    best = {t: min(PRECISIONS, key=lambda p: res[t, p]["min_s"]) for t in THREADS}  # each thread count's faster one
+    lo, hi = min(THREADS), max(THREADS)
+    one_thread = compare(res[hi, best[hi]]["times_s"], res[lo, best[lo]]["times_s"])
+    threads = min(THREADS) if one_thread["verdict"] == "faster" else max(THREADS)
+    bf16 = compare(res[threads, "fp32"]["times_s"], res[threads, "bf16"]["times_s"])
     precision = "bf16" if has_bf16_instructions() and bf16["verdict"] == "faster" else "fp32"
-    out = {"precision": precision, "d_model": size[0], "batch": batch, "timed": len(res["fp32"]["times_s"]),
-           "step_ms": {p: res[p]["min_s"] * 1000 for p in PRECISIONS},
-           "bf16_vs_fp32": {k: bf16[k] for k in ("ratio", "verdict", "noise")}, "lanes": 1, "threads": CORES}
-    if CORES > 1:
-        steps = [step(s, train_batches[0][0].size(0), PRECISIONS[precision]) for s in reversed(SIZES)]
-        ways = {"one at a time": lambda: (torch.set_num_threads(CORES), [fn() for fn in steps]),
-                "side by side": side_by_side(steps, CORES)}
-        spent = time.perf_counter() - t0
-        ways_res = time_steps(ways, warmup=1, repeats=1, rounds=5, min_rounds=LEAST_SAMPLES,
-                              budget_s=max(0.0, PROBE_BUDGET_S - spent))
-        side = compare(ways_res["one at a time"]["times_s"], ways_res["side by side"]["times_s"])
-        if side["verdict"] == "faster":
-            out.update(lanes=CORES, threads=1)
-        out["ways_ms"] = {w: r["min_s"] * 1000 for w, r in ways_res.items()}
-        out["side_vs_one"] = {k: side[k] for k in ("ratio", "verdict", "noise", "samples")}
-    torch.set_num_threads(out["threads"])
-    out["probe_s"] = time.perf_counter() - t0
+    out = {"threads": threads, "precision": precision, "probe_s": time.perf_counter() - t0, "d_model": size[0],
+           "batch": batch, "timed": len(res[threads, "fp32"]["times_s"]),
+           "best_ms": {f"{t} {p}": res[t, p]["min_s"] * 1000 for t in THREADS for p in PRECISIONS},
+           "bf16_vs_fp32": {k: bf16[k] for k in ("ratio", "verdict", "noise")}}
     print(f"probe shape: d_model {size[0]}, {batch} × 128 tokens per step, {out['timed']} timed steps each; "
           f"whole probe {out['probe_s']:.1f} s")
-    print(f"probe, precision: fp32 {out['step_ms']['fp32']:.1f} ms, bf16 {out['step_ms']['bf16']:.1f} ms per step "
-          f"({bf16['verdict']} beyond twice the spread {bf16['noise']:.2f}): {precision}")
-    if CORES > 1:
-        print(f"probe, a step of each size: one at a time on {CORES} threads {out['ways_ms']['one at a time']:.0f} ms, "
-              f"{CORES} side by side on one thread each {out['ways_ms']['side by side']:.0f} ms "
-              f"({side['verdict']} beyond twice the spread {side['noise']:.2f}): {out['lanes']} at a time")
+    print("probe times: " + "; ".join(f"{t} thread(s) fp32 {out['best_ms'][f'{t} fp32']:.1f} ms, "
+                                      f"bf16 {out['best_ms'][f'{t} bf16']:.1f} ms" for t in THREADS))
+    print(f"probe choice: {threads} thread(s), {precision} (fp32 step / bf16 step = {bf16['ratio']:.2f}, "
+          f"{bf16['verdict']} beyond twice the spread {bf16['noise']:.2f})")
     return out
 
 
 def calibrate(cfg: TrainConfig, val_batches, train_batches) -> dict:
-    """Seconds each size's run should take here, alone: one timed training step and one evaluation batch
-    each, at the threads set now."""
+    """Seconds each size's run should take here: one timed training step and one evaluation batch each."""
     fns = {}
     for size in SIZES:
         d, m = size[0], fresh(size)
@@ -161,52 +133,27 @@ def calibrate(cfg: TrainConfig, val_batches, train_batches) -> dict:
     for d, _, _ in SIZES:
         print(f"calibrated d_model {d:3d}: step {cal[d, 'step']['min_s'] * 1000:.0f} ms, "
               f"eval batch {cal[d, 'eval']['min_s'] * 1000:.0f} ms, so about {expected[d]:.0f} s per run")
+    print(f"expected: four sizes about {sum(expected.values()):.0f} s, "
+          f"then the retrain about {expected[SIZES[0][0]]:.0f} s")
     return expected
 
 
-def makespan(seconds: list, lanes: int) -> float:
-    """How long jobs of these lengths take on `lanes` side by side, each started longest first on the lane
-    that frees up first (as a thread pool given them in that order runs them)."""
-    free = [0.0] * lanes
-    for s in sorted(seconds, reverse=True):
-        free[free.index(min(free))] += s
-    return max(free)
-
-
-def _progress(label: str, steps: int, expected_s: float, stop: threading.Event):
+def _progress(d: int, steps: int, expected_s: float):
     def show(h):  # every 100 steps, so a long cell shows how far it is
-        if stop.is_set():  # the cell was interrupted: end this training at its next evaluation
-            raise KeyboardInterrupt
         if h.val_steps[-1] % 100 == 0:
-            print(f"  {label}: step {h.val_steps[-1]}/{steps} after {h.val_seconds[-1]:.0f} s "
-                  f"(expected {expected_s * h.val_steps[-1] / steps:.0f} s alone)", flush=True)
+            print(f"  d_model {d:3d}: step {h.val_steps[-1]}/{steps} after {h.val_seconds[-1]:.0f} s "
+                  f"(expected {expected_s * h.val_steps[-1] / steps:.0f} s)", flush=True)
     return show
 
 
-def _train_one(model, size, seed, tokens, cfg, val_batches, train_batches, byte_counts, expected_s, stop) -> dict:
-    label = f"d_model {size[0]:3d}" + (f", seed {seed}" if seed else "")
+def _train_one(size, seed, tokens, cfg, val_batches, train_batches, byte_counts, expected_s) -> dict:
+    model = fresh(size, seed)
     hist = train(model, tokens.train, dataclasses.replace(cfg, seed=seed), val_batches=val_batches,
-                 on_eval=_progress(label, cfg.steps, expected_s, stop))
+                 on_eval=_progress(size[0], cfg.steps, expected_s))
     bpb = bits_per_byte(model, val_batches, byte_counts, losses=hist.val_batch_losses[-1])[1]  # the last evaluation
-    print(f"{label}: {hist.seconds:.0f} s, {hist.seconds / cfg.steps * 1000:.0f} ms/step", flush=True)
+    print(f"d_model {size[0]:3d}" + (f", seed {seed}" if seed else "") + f": {hist.seconds:.0f} s, "
+          f"{hist.seconds / cfg.steps * 1000:.0f} ms/step", flush=True)
     return {"d": size[0], "hist": hist, "train_fixed": evaluate(model, train_batches), "bpb": bpb}
-
-
-def train_all(cfg: TrainConfig, lanes: int, tokens, val_batches, train_batches, byte_counts, expected) -> list:
-    """The four sizes and the retrain of the smallest, `lanes` of them at a time, longest first. Each
-    model is made before any training starts, so the threads cannot change what it starts from."""
-    jobs = [(s, 0) for s in SIZES] + [(SIZES[0], RETRAIN_SEED)]
-    models = [fresh(size, seed) for size, seed in jobs]
-    order = sorted(range(len(jobs)), key=lambda i: -expected[jobs[i][0][0]])
-    stop = threading.Event()
-    with ThreadPoolExecutor(lanes) as pool:
-        futures = {i: pool.submit(_train_one, models[i], *jobs[i], tokens, cfg, val_batches, train_batches,
-                                  byte_counts, expected[jobs[i][0][0]], stop) for i in order}
-        try:
-            return [futures[i].result() for i in range(len(jobs))]
-        except BaseException:  # an interrupted cell: the other trainings stop too, not run on unseen
-            stop.set()
-            raise
 
 
 def _key() -> str:
@@ -245,8 +192,7 @@ def run() -> dict:
     """The chapter's experiment: probe, calibration, the four sizes, the retrain; or, if a page of the chapter
     has run it already for this code, corpus and machine, its record (delete the file to run it anew).
 
-    Returns {"probe", "precision", "threads", "lanes", "steps", "expected_s", "train_s" (the wall time of the
-    four sizes and the retrain), "runs": [one per size: d,
+    Returns {"probe", "precision", "threads", "steps", "expected_s", "train_s", "runs": [one per size: d,
     hist, train_fixed, bpb], "retrain": the smallest with RETRAIN_SEED, "made": when it ran}."""
     path = _path()
     if path.is_file():
@@ -262,16 +208,16 @@ def run() -> dict:
     cfg = recipe(chosen["precision"])
     print(cfg)
     expected = calibrate(cfg, val_batches, train_batches)
-    times = [*expected.values(), expected[SIZES[0][0]]]  # the four sizes, then the retrain
-    expected_s = makespan(times, chosen["lanes"])
-    print(f"expected: the four sizes and the retrain, {chosen['lanes']} at a time, about {expected_s:.0f} s")
+    byte_counts = token_bytes(sp)
     t0 = time.perf_counter()
-    *runs, retrain = train_all(cfg, chosen["lanes"], tokens, val_batches, train_batches, token_bytes(sp), expected)
+    runs = [_train_one(s, 0, tokens, cfg, val_batches, train_batches, byte_counts, expected[s[0]]) for s in SIZES]
     train_s = time.perf_counter() - t0
-    print(f"the four sizes and the retrain: {train_s:.0f} s (expected {expected_s:.0f} s)")
-    record = {"probe": chosen, "precision": chosen["precision"], "threads": chosen["threads"],
-              "lanes": chosen["lanes"], "steps": cfg.steps, "expected_s": expected_s, "train_s": train_s,
-              "runs": runs, "retrain": retrain, "made": time.strftime("%Y-%m-%d %H:%M")}
+    print(f"all four sizes: {train_s:.0f} s (expected {sum(expected.values()):.0f} s)")
+    retrain = _train_one(SIZES[0], RETRAIN_SEED, tokens, cfg, val_batches, train_batches, byte_counts,
+                         expected[SIZES[0][0]])
+    record = {"probe": chosen, "precision": chosen["precision"], "threads": chosen["threads"], "steps": cfg.steps,
+              "expected_s": sum(expected.values()), "train_s": train_s, "runs": runs, "retrain": retrain,
+              "made": time.strftime("%Y-%m-%d %H:%M")}
     _save(record, path)  # under the key taken before the probe set the threads
     return record
 

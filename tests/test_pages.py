@@ -306,3 +306,19 @@ def test_figure_numbers_count_on_across_a_chapters_section_pages(monkeypatch):
                           book.docname(section): {"figure": {"c": (3,)}}, book.docname(nxt): {"figure": {"d": (4,)}}}
     pages.number_figures_by_chapter(None, Env)
     assert [v for by in Env.toc_fignumbers.values() for v in by["figure"].values()] == [(9, 1), (9, 2), (9, 3), (10, 1)]
+
+
+def test_printing_opens_what_the_screen_folds_and_says_print_in_simplified_chinese(site, browser):
+    """The theme's download menu said 列印成 PDF (its zh_CN catalog); printed, the hidden code and the
+    exercises' answers were left out (a closed <details> prints closed). _static/layout.js fixes both."""
+    page = browser.new_page()
+    page.goto(f"{site}/01_data_model.html", wait_until="networkidle")
+    assert "列印" not in page.content() and "打印成 PDF" in page.content()
+    closed = "() => [...document.querySelectorAll('main details')].filter(d => !d.open).length"
+    before = page.evaluate(closed)
+    assert before > 0  # hidden cells and answers, folded on screen
+    page.evaluate("() => window.dispatchEvent(new Event('beforeprint'))")
+    assert page.evaluate(closed) == 0
+    page.evaluate("() => window.dispatchEvent(new Event('afterprint'))")
+    assert page.evaluate(closed) == before
+    page.close()

@@ -17,9 +17,8 @@ def fake_record():
     # 4 validation batches per evaluation here would be N_EVAL = 8 in the chapter; the halves are what matter
     runs = [fake_run(64, [6.0, 5.0], [[6.0] * 8, [5.2] * 4 + [4.8] * 4]),
             fake_run(96, [5.8, 4.6], [[5.8] * 8, [4.9] * 4 + [4.3] * 4])]
-    return {"probe": {"threads": 2}, "precision": "fp32", "threads": 2, "lanes": 1, "steps": 4, "expected_s": 3.0,
-            "train_s": 2.0, "runs": runs, "retrain": fake_run(64, [6.1, 4.97], [[6.1] * 8, [4.97] * 8]),
-            "made": "2026-12-07 05:00"}
+    return {"probe": {"threads": 2}, "precision": "fp32", "threads": 2, "steps": 4, "expected_s": 3.0, "train_s": 2.0,
+            "runs": runs, "retrain": fake_run(64, [6.1, 4.97], [[6.1] * 8, [4.97] * 8]), "made": "2026-12-07 05:00"}
 
 
 @pytest.fixture
@@ -67,37 +66,3 @@ def test_the_two_noises_are_chapter_9_1s():
     # at the second evaluation: gap on half A 5.2 - 4.9 = 0.3, on half B 4.8 - 4.3 = 0.5
     assert noise == pytest.approx(0.2) and level == pytest.approx(0.6)  # 4.9 - 4.3
     assert scaling.retrain_noise(record) == pytest.approx([0.1, 0.03])
-
-
-def test_trainings_side_by_side_compute_what_they_compute_one_at_a_time(monkeypatch):
-    """Each of the five trainings ends where it ends alone, whether they run one at a time or side by side
-    (every op on one thread either way); the result list keeps the jobs' order, whatever order they ran in."""
-    import dataclasses
-
-    import torch
-
-    from data import load_tokenizer, load_tokens, token_bytes
-    monkeypatch.setattr(scaling, "SIZES", [(32, 1, 2), (48, 1, 2)])
-    tokens = load_tokens()
-    val_batches, train_batches = (b[:2] for b in scaling.eval_batches(tokens))
-    cfg = dataclasses.replace(scaling.recipe("fp32"), steps=4, warmup=1, eval_every=2)
-    expected = {32: 1.0, 48: 2.0}
-    byte_counts = token_bytes(load_tokenizer())
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        results = [scaling.train_all(cfg, lanes, tokens, val_batches, train_batches, byte_counts, expected)
-                   for lanes in (1, 2)]
-    finally:
-        torch.set_num_threads(threads)
-    assert [r["d"] for r in results[1]] == [32, 48, 32]  # the sizes, then the retrain of the smallest
-    for one, side in zip(*results):
-        assert one["hist"].train_loss == side["hist"].train_loss and one["hist"].val_loss == side["hist"].val_loss
-        assert one["bpb"] == side["bpb"] and one["train_fixed"] == side["train_fixed"]
-    assert results[1][0]["hist"].train_loss != results[1][2]["hist"].train_loss  # the retrain has its own seed
-
-
-def test_makespan_gives_the_longest_first_to_the_lane_free_soonest():
-    assert scaling.makespan([3.0, 1.0, 2.0], 1) == 6.0
-    assert scaling.makespan([163, 115, 83, 51, 45], 2) == 243  # 163 + 51 | 115 + 83 + 45
-    assert scaling.makespan([5.0, 1.0], 4) == 5.0
