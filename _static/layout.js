@@ -12,24 +12,6 @@
   window.addEventListener("resize", mark);
 })();
 
-/* The theme's zh_CN catalog says 列印 (Traditional usage) for its print button; this book says 打印. */
-(function () {
-  "use strict";
-  function simplify() {
-    for (const e of document.querySelectorAll("[title], [data-bs-title], [aria-label]")) {
-      for (const a of ["title", "data-bs-title", "aria-label", "data-bs-original-title"]) {
-        const v = e.getAttribute(a);
-        if (v && v.includes("列印")) e.setAttribute(a, v.replaceAll("列印", "打印"));
-      }
-    }
-    const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
-    for (let n = walker.nextNode(); n; n = walker.nextNode())
-      if (n.nodeValue.includes("列印")) n.nodeValue = n.nodeValue.replaceAll("列印", "打印");
-  }
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", simplify);
-  else simplify();
-})();
-
 /* Printing (or "print to PDF"): what the screen folds away, hidden code and the exercises' answers,
    is printed open; after printing, what was folded folds again. */
 (function () {

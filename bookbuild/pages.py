@@ -189,8 +189,21 @@ def chinese_search_box(app, config) -> None:
     config.html_theme_options = {**(config.html_theme_options or {}), "search_bar_text": SEARCH_BOX}
 
 
+def simplified_print_label(app, pagename, templatename, context, doctree) -> None:
+    """sphinx-book-theme's zh_CN catalog labels its print button 列印成 PDF, Traditional usage: 打印."""
+    def simplified(x):
+        if isinstance(x, str):
+            return x.replace("列印", "打印")
+        if isinstance(x, list):
+            return [simplified(i) for i in x]
+        return {k: simplified(v) for k, v in x.items()} if isinstance(x, dict) else x
+    if "header_buttons" in context:
+        context["header_buttons"] = simplified(context["header_buttons"])
+
+
 def setup(app) -> None:
     app.connect("config-inited", chinese_search_box)
+    app.connect("html-page-context", simplified_print_label, priority=900)  # after the theme made its buttons
     app.add_transform(PairQuotes)
     app.add_transform(FigureEveryImage)
     app.add_transform(MarkColumns)

@@ -312,7 +312,7 @@ def test_printing_opens_what_the_screen_folds_and_says_print_in_simplified_chine
     """The theme's download menu said 列印成 PDF (its zh_CN catalog); printed, the hidden code and the
     exercises' answers were left out (a closed <details> prints closed). _static/layout.js fixes both."""
     page = browser.new_page()
-    page.goto(f"{site}/01_data_model.html", wait_until="networkidle")
+    page.goto(f"{site}/chapters/01_data_model.html", wait_until="networkidle")
     assert "列印" not in page.content() and "打印成 PDF" in page.content()
     closed = "() => [...document.querySelectorAll('main details')].filter(d => !d.open).length"
     before = page.evaluate(closed)
