@@ -322,3 +322,12 @@ def test_printing_opens_what_the_screen_folds_and_says_print_in_simplified_chine
     page.evaluate("() => window.dispatchEvent(new Event('afterprint'))")
     assert page.evaluate(closed) == before
     page.close()
+
+
+def test_the_estimate_is_stated_once_in_prose(measured):
+    """Each chapter's first cell glues its run-time estimate into the prose (measure.estimate_run_time); its
+    English printout repeated it, rounded otherwise (预计约 40 秒 beside "estimated run time here: 42 s"), so
+    the cell is tagged remove-output on the page (readers running the notebook still see the line)."""
+    repeated = sorted({d for (d, _w), m in measured.items() if "estimated run time here" in m["text"]
+                       or "no stored run of" in m["text"]})
+    assert not repeated, f"pages that print the estimate beside the prose's: {repeated}"
