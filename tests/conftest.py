@@ -83,6 +83,21 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: (uses_the_book(item), order.get(Path(str(item.fspath)), len(order))))
 
 
+# A page is ready once it has loaded (scripts, styles, images), MathJax has typeset it and its fonts are in.
+# Playwright's "networkidle" waited for the same plus 500 ms without a request, on each of about 150 page
+# loads of the tests of the built book: over a minute of waiting for nothing.
+READY_JS = """async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+  await document.fonts.ready;
+}"""
+
+
+def goto_ready(page, url):
+    """Open url in page and wait until it is ready to be measured (READY_JS)."""
+    page.goto(url, wait_until="load")
+    page.evaluate(READY_JS)
+
+
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):  # one line per request would bury the test output
         pass

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import goto_ready
 
 from bookbuild import book, provenance
 
@@ -47,7 +48,7 @@ def open_page(browser, url):
     errors = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(url, wait_until="networkidle")
+    goto_ready(page, url)
     return page, errors
 
 
@@ -175,7 +176,7 @@ def test_figures_are_light_in_dark_mode(site, browser, docname):
     context.add_init_script("localStorage.setItem('mode', 'dark'); localStorage.setItem('theme', 'dark');")
     page = context.new_page()
     try:
-        page.goto(f"{site}/{docname}.html", wait_until="networkidle")
+        goto_ready(page, f"{site}/{docname}.html")
         assert page.evaluate("document.documentElement.dataset.theme") == "dark"
         body = page.evaluate("getComputedStyle(document.body).backgroundColor")
         assert luminance([int(v) for v in re.findall(r"\d+", body)]) < 80, f"the page is not dark: {body}"

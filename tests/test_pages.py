@@ -28,6 +28,7 @@ import json
 import re
 
 import pytest
+from conftest import goto_ready
 from test_browser import REPO, toc_pages
 
 from bookbuild import book, pages
@@ -105,7 +106,7 @@ def measured(site, browser):
         context = browser.new_context(viewport={"width": width, "height": 900})
         for docname in toc_pages():
             page = context.new_page()
-            page.goto(f"{site}/{docname}.html", wait_until="networkidle")
+            goto_ready(page, f"{site}/{docname}.html")
             if "$" in (REPO / f"{docname}.md").read_text(encoding="utf-8"):
                 # typeset math has its final width
                 page.wait_for_selector("mjx-container >> visible=true", timeout=20_000)
@@ -312,7 +313,7 @@ def test_printing_opens_what_the_screen_folds_and_says_print_in_simplified_chine
     """The theme's download menu said 列印成 PDF (its zh_CN catalog); printed, the hidden code and the
     exercises' answers were left out (a closed <details> prints closed). _static/layout.js fixes both."""
     page = browser.new_page()
-    page.goto(f"{site}/chapters/01_data_model.html", wait_until="networkidle")
+    goto_ready(page, f"{site}/chapters/01_data_model.html")
     assert "列印" not in page.content() and "打印成 PDF" in page.content()
     closed = "() => [...document.querySelectorAll('main details')].filter(d => !d.open).length"
     before = page.evaluate(closed)

@@ -14,6 +14,7 @@ import re
 from urllib.parse import quote
 
 import pytest
+from conftest import goto_ready
 from test_browser import REPO, open_page
 
 from bookbuild import book, search, search_terms
@@ -52,6 +53,13 @@ def search_in_page(page, words) -> dict:
     return {word: docnames[::-1] for word, docnames in page.evaluate(SEARCH_JS, words)}
 
 
+def wait_until_searched(page):
+    """The search is done, every hit listed with its summary, when its summary line says how many pages it
+    found (or none)."""
+    page.wait_for_function("() => { const s = document.querySelector('#search-results p.search-summary');"
+                           " return s && s.innerText.trim().length > 0; }", timeout=30_000)
+
+
 def listed_chapters(hrefs) -> list[str]:
     return [m.group(1) for h in hrefs if (m := re.search(r"/(chapters/[^/#?]+)\.html", h))]
 
@@ -81,10 +89,7 @@ def test_the_search_page_lists_what_its_search_finds(site, browser, word):
     # what a reader sees after typing the word: the same hits, in the same order, as search_in_page
     page, errors = open_page(browser, f"{site}/search.html?q={quote(word)}")
     try:
-        # the search is done when its summary line says how many pages it found (or none)
-        page.wait_for_function(
-            "() => { const s = document.querySelector('#search-results p.search-summary');"
-            " return s && s.innerText.trim().length > 0; }", timeout=30_000)
+        wait_until_searched(page)
         hrefs = page.eval_on_selector_all("#search-results ul.search li a", "as => as.map(a => a.href)")
         expected = [d for d in search_in_page(page, [word])[word] if d.startswith("chapters/")]
         assert listed_chapters(hrefs) == expected and expected, f"{word!r}: the page lists {hrefs}, not {expected}"
@@ -159,14 +164,14 @@ def test_a_hit_opens_at_the_section_that_holds_the_word(site, browser, word):
         page.wait_for_function(
             "() => { const a = [...document.querySelectorAll('#search-results ul.search li a')];"
             " return a.length > 0 && a.some(x => x.dataset.section); }", timeout=30_000)
-        page.wait_for_timeout(1_000)  # the other hits' pages are fetched too
+        wait_until_searched(page)
         links = page.eval_on_selector_all("#search-results ul.search li a",
                                           "as => as.map(a => [a.href, a.dataset.section || ''])")
         with_section = [href for href, section in links if section]
         assert len(with_section) >= len(links) / 2, f"{word!r}: hits without a section: {links}"
         target = browser.new_page()
         try:
-            target.goto(with_section[0], wait_until="networkidle")
+            goto_ready(target, with_section[0])
             anchor = with_section[0].split("#", 1)[1]
             text = target.evaluate("id => document.getElementById(decodeURIComponent(id)).innerText", anchor)
             assert word in text, f"{word!r}: section #{anchor} of {with_section[0]} does not hold it"
@@ -188,8 +193,7 @@ FIRST_HIT_JS = """() => { const a = document.querySelector('#search-results ul.s
 def test_the_first_hit_opens_at_a_section_below_the_title(site, browser, word):
     page, errors = open_page(browser, f"{site}/search.html?q={quote(word)}")
     try:
-        page.wait_for_function("() => { const s = document.querySelector('#search-results p.search-summary');"
-                               " return s && s.innerText.trim().length > 0; }", timeout=30_000)
+        wait_until_searched(page)
         try:
             href, section = page.wait_for_function(FIRST_HIT_JS, timeout=15_000).json_value()
         except Exception:
@@ -198,7 +202,7 @@ def test_the_first_hit_opens_at_a_section_below_the_title(site, browser, word):
         term = search_terms.synonyms(GLOSSARY).get(word, word)
         target = browser.new_page()
         try:
-            target.goto(href, wait_until="networkidle")
+            goto_ready(target, href)
             top, text = target.evaluate("id => [document.querySelector('article section[id]').id,"
                                         " document.getElementById(decodeURIComponent(id)).innerText]", section)
             assert section != top, f"{word!r}: {href} opens at the page's top section"
@@ -229,7 +233,7 @@ def test_the_first_hit_opens_at_the_section_that_teaches_the_word(site, browser,
         assert listed_chapters([href]) == [docname], f"{word!r}: the first hit is {href}, not {docname}"
         target = browser.new_page()
         try:
-            target.goto(href, wait_until="networkidle")
+            goto_ready(target, href)
             title = target.evaluate("id => document.getElementById(decodeURIComponent(id))"
                                     ".querySelector('h1, h2, h3, h4').textContent", section)
             assert heading in title, f"{word!r}: {href} opens at #{section} ({title!r}), not at {heading!r}"
