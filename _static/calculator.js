@@ -187,6 +187,8 @@ def calculator_run(argv_json):
     const schedule = () => { clearTimeout(timer); api.pending = true; timer = setTimeout(compute, DEBOUNCE_MS); };
     form.addEventListener("input", schedule);
     form.addEventListener("change", schedule);
+    // what the debounce would run DEBOUNCE_MS later, now: for a caller that filled the whole form at once
+    api.flush = () => { if (api.pending) { clearTimeout(timer); compute(); } };
 
     function argv() {  // in the parser's order, only the fields the reader filled
       const args = [];

@@ -183,6 +183,7 @@ FILL = """([config, scheme]) => {
   const select = form.querySelector('[data-role=scheme]');
   select.value = scheme;
   select.dispatchEvent(new Event('change', {bubbles: true}));
+  window.budgetCalculator.flush();  // the whole form at once: no need to wait out the typing debounce
 }"""
 
 SHOWN = """() => {
