@@ -2,8 +2,9 @@
 
 Takes the session's strict build of the book (tests/conftest.py), served on 127.0.0.1, and checks each
 page: no console errors, its chapter title, its code outputs, its figures decoded, its math rendered. Search for a Chinese
-word from chapter 9 must find chapter 9. A full-page screenshot of each page is kept in
-_build/screenshots/ to look at. No glued value on a built page reads as a Python repr (True, None, nan).
+word from chapter 9 must find chapter 9. With BOOK_SCREENSHOTS=1 a full-page screenshot of each page is
+kept in _build/screenshots/ to look at (about a second a page, so not by default). No glued value on a
+built page reads as a Python repr (True, None, nan).
 Every image in a page's cell outputs carries alt text, and in the theme's dark mode every figure is
 opaque and shown on a light background (screenshots in _build/screenshots/dark-*.png). The provenance page has a
 row for every chapter, each executed.
@@ -12,6 +13,7 @@ Needs Debian's chromium (/usr/bin/chromium; `.ci/run` installs it). Without it t
 book skip, except in CI (CI=true), where a missing browser is a failure.
 """
 import html
+import os
 import re
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from bookbuild import book, provenance
 REPO = Path(__file__).resolve().parent.parent
 HTML = REPO / "_build" / "html"
 SHOTS = REPO / "_build" / "screenshots"
+FULL_PAGE_SHOTS = os.environ.get("BOOK_SCREENSHOTS") == "1"
 SEARCH_WORD, SEARCH_PAGE = "递减", "chapters/09_3_chinchilla"  # 收益递减: diminishing returns
 
 
@@ -75,8 +78,9 @@ def test_page_renders(site, browser, docname):
         if "$" in source:
             assert page.locator("mjx-container").count() > 0, "math is not rendered"
             assert "\\frac" not in page.locator("main").inner_text()
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SHOTS / f"{Path(docname).name}.png"), full_page=True)
+        if FULL_PAGE_SHOTS:
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SHOTS / f"{Path(docname).name}.png"), full_page=True)
         assert not errors, f"console errors: {errors}"
     finally:
         page.close()
