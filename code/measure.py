@@ -326,7 +326,6 @@ def glue_measured(name: str, value, fmt: str = "") -> None:
     glue(name, MeasuredText(format(value, fmt)), display=False)
 
 
-
 def glue_values(prefix: str, values: dict | None = None, **named) -> None:
     """Glue values fixed by formula, the same on every machine, each under prefix + its name (a dict's keys,
     or keyword names): nbval compares them exactly. A measured value goes through glue_measured instead."""
@@ -485,7 +484,6 @@ class Traffic(TorchDispatchMode):
         self.flops[k] = self.flops.get(k, 0) + flops
         self.bytes[k] = self.bytes.get(k, 0) + sum(t.nbytes for t in ins + new_outs + written)
         return out
-
 
 
 # ---- how long a chapter runs ----
