@@ -60,6 +60,16 @@ def wait_until_searched(page):
                            " return s && s.innerText.trim().length > 0; }", timeout=30_000)
 
 
+def read_in_page(browser, href, js, arg):
+    """Open href in a page of its own (a search hit, as a reader clicks it), evaluate js(arg) there, close it."""
+    target = browser.new_page()
+    try:
+        goto_ready(target, href)
+        return target.evaluate(js, arg)
+    finally:
+        target.close()
+
+
 def listed_chapters(hrefs) -> list[str]:
     return [m.group(1) for h in hrefs if (m := re.search(r"/(chapters/[^/#?]+)\.html", h))]
 
@@ -169,14 +179,10 @@ def test_a_hit_opens_at_the_section_that_holds_the_word(site, browser, word):
                                           "as => as.map(a => [a.href, a.dataset.section || ''])")
         with_section = [href for href, section in links if section]
         assert len(with_section) >= len(links) / 2, f"{word!r}: hits without a section: {links}"
-        target = browser.new_page()
-        try:
-            goto_ready(target, with_section[0])
-            anchor = with_section[0].split("#", 1)[1]
-            text = target.evaluate("id => document.getElementById(decodeURIComponent(id)).innerText", anchor)
-            assert word in text, f"{word!r}: section #{anchor} of {with_section[0]} does not hold it"
-        finally:
-            target.close()
+        anchor = with_section[0].split("#", 1)[1]
+        text = read_in_page(browser, with_section[0], "id => document.getElementById(decodeURIComponent(id)).innerText",
+                            anchor)
+        assert word in text, f"{word!r}: section #{anchor} of {with_section[0]} does not hold it"
         assert not errors, f"console errors: {errors}"
     finally:
         page.close()
@@ -200,15 +206,10 @@ def test_the_first_hit_opens_at_a_section_below_the_title(site, browser, word):
             first = page.eval_on_selector_all("#search-results ul.search li a", "as => as.map(a => a.href)")[:1]
             raise AssertionError(f"{word!r}: the first hit {first} opens at no section") from None
         term = search_terms.synonyms(GLOSSARY).get(word, word)
-        target = browser.new_page()
-        try:
-            goto_ready(target, href)
-            top, text = target.evaluate("id => [document.querySelector('article section[id]').id,"
-                                        " document.getElementById(decodeURIComponent(id)).innerText]", section)
-            assert section != top, f"{word!r}: {href} opens at the page's top section"
-            assert term in text, f"{word!r}: section #{section} of {href} does not hold {term!r}"
-        finally:
-            target.close()
+        top, text = read_in_page(browser, href, "id => [document.querySelector('article section[id]').id,"
+                                 " document.getElementById(decodeURIComponent(id)).innerText]", section)
+        assert section != top, f"{word!r}: {href} opens at the page's top section"
+        assert term in text, f"{word!r}: section #{section} of {href} does not hold {term!r}"
         assert not errors, f"console errors: {errors}"
     finally:
         page.close()
@@ -231,14 +232,9 @@ def test_the_first_hit_opens_at_the_section_that_teaches_the_word(site, browser,
     try:
         href, section = page.wait_for_function(FIRST_HIT_JS, timeout=30_000).json_value()
         assert listed_chapters([href]) == [docname], f"{word!r}: the first hit is {href}, not {docname}"
-        target = browser.new_page()
-        try:
-            goto_ready(target, href)
-            title = target.evaluate("id => document.getElementById(decodeURIComponent(id))"
-                                    ".querySelector('h1, h2, h3, h4').textContent", section)
-            assert heading in title, f"{word!r}: {href} opens at #{section} ({title!r}), not at {heading!r}"
-        finally:
-            target.close()
+        title = read_in_page(browser, href, "id => document.getElementById(decodeURIComponent(id))"
+                             ".querySelector('h1, h2, h3, h4').textContent", section)
+        assert heading in title, f"{word!r}: {href} opens at #{section} ({title!r}), not at {heading!r}"
         assert not errors, f"console errors: {errors}"
     finally:
         page.close()
