@@ -63,10 +63,11 @@ def calculator_describe():
                           choices=[str(c) for c in a.choices] if a.choices else None,
                           default=None if a.default is None or a.nargs == 0 else str(a.default),
                           help=a.help or "", group=exclusive.get(id(a))))
-    # a named model's own micro-batch: the reference scenario's it is named after (budget.MODELS takes
-    # the 1.3B and 7B shapes from REFERENCE[1:] the same way); GPT-2's sizes and the book's have none
-    own_batch = {sc.label.split()[0]: str(sc.micro_batch) for sc in budget.REFERENCE[1:]}
-    models = {k: dict(micro_batch=own_batch.get(k)) for k in budget.MODELS}
+    # a named model's own micro-batch where it is not the parser's plain default (budget.NamedModel):
+    # --micro-batch's default for that model at the terminal too, so an empty box means the same
+    plain = budget.NamedModel.micro_batch
+    models = {k: dict(micro_batch=str(m.micro_batch) if m.micro_batch != plain else None)
+              for k, m in budget.MODELS.items()}
     return json.dumps(dict(flags=flags, schemes=list(memory.SCHEME_NAMES.values()), models=models,
                            gpus=[dict(name=g.name, tflops=g.peak_flops / 1e12, memory_gb=g.memory_gb)
                                  for g in gpus.CATALOG]))

@@ -107,6 +107,7 @@ class NamedModel:
     seq_len: int
     vocab_size: int
     source: str
+    micro_batch: int = 8  # --micro-batch's default for it: the reference scenario's where it has one
 
 
 # GPT-2's four sizes (Radford et al. 2019, Table 2: layers and width; vocabulary 50,257, context 1,024;
@@ -119,7 +120,8 @@ MODELS = {
     "774M": NamedModel(1280, 36, 20, 1024, GPT2_VOCAB, "GPT-2 774M"),
     "1.5B": NamedModel(1600, 48, 25, 1024, GPT2_VOCAB, "GPT-2 1.5B"),
     **{sc.label.split()[0]: NamedModel(sc.d_model, sc.n_layer, sc.n_head, sc.seq_len, GPT2_VOCAB,
-                                       f"the reference {sc.label.split()[0]}") for sc in REFERENCE[1:]},
+                                       f"the reference {sc.label.split()[0]}", sc.micro_batch)
+       for sc in REFERENCE[1:]},
     "book-1.8M": NamedModel(128, 4, 4, 128, BOOK_VOCAB, "the book's default model"),
     "book-29M": NamedModel(512, 8, 8, 512, BOOK_VOCAB, "train_gpu.py's default model"),
 }
@@ -522,8 +524,10 @@ def report(est: dict, gpu_label: str, peak_flops: float, mfu: float, memory_gb, 
             lines.append("verdict     fits on one GPU" if fitting else "verdict     does not fit on one GPU: lower "
                          "--micro-batch, add --checkpoint-activations, or shard over more GPUs")
         elif fitting:
-            lines.append(f"verdict     fits under {memory.SCHEME_NAMES[fitting[0]]}"
-                         + ("" if fitting[0] == "ddp" else " (not under plain DDP)"))
+            missing = [memory.SCHEME_NAMES[s] for s in est["memory"] if s not in fitting]
+            lines.append("verdict     fits under " + ", ".join(memory.SCHEME_NAMES[s] for s in fitting)
+                         + (f" (not under {', '.join(missing)})" if missing else "")
+                         + (" at this micro-batch" if missing else ""))
         else:
             lines.append("verdict     fits under no scheme: lower --micro-batch, add --checkpoint-activations, "
                          "or shard over more GPUs")
@@ -597,11 +601,25 @@ SHARD_FLAGS = {"ddp": ["--shard", "ddp"], "zero2": ["--shard", "fsdp", "--no-res
                "hsdp": ["--shard", "hsdp"]}  # --shard-size: its default, the processes of a machine
 
 
+def script_fits(est: dict) -> list:
+    """The schemes train_gpu.py runs that fit, from the least sharded."""
+    return [s for s in SHARD_FLAGS if s in est["memory"] and est["memory"][s]["fits"]]
+
+
+def fastest_scheme(est: dict) -> str | None:
+    """Of the schemes train_gpu.py runs that fit, the fastest: compute (the same for all) plus its
+    communication at its links' speeds, not overlapped; without a link speed, the fewest bytes sent;
+    ties to the least sharded."""
+    runs, m = script_fits(est), est["memory"]
+    if not runs:
+        return None
+    return min(runs, key=lambda s: (m[s]["comm_bytes"] if m[s]["comm_s"] is None else m[s]["comm_s"], runs.index(s)))
+
+
 def command_lines(est: dict, shape, gpus_per_node: int, layout: str, checkpoint: bool) -> list:
-    """The train_gpu.py command at this shape, micro-batch and step: of the schemes it runs that fit, the
-    fastest (compute, the same for all, plus each one's communication at its links' speeds, not
-    overlapped; without a link speed, the fewest bytes sent), ties to the least sharded. Across machines
-    that is usually HSDP, whose only message between them is one all-reduce of the gradient shards."""
+    """The train_gpu.py command at this shape, micro-batch and step, under fastest_scheme. Across
+    machines that is usually HSDP, whose only message between them is one all-reduce of the gradient
+    shards."""
     if shape is None or not any(m["fits"] is not None for m in est["memory"].values()):
         return []
     if layout != "autocast":
@@ -614,11 +632,11 @@ def command_lines(est: dict, shape, gpus_per_node: int, layout: str, checkpoint:
         extra = est["memory"]["zero2"]["comm_bytes"] - est["memory"]["zero1"]["comm_bytes"]
         lines.append("note        train_gpu.py has no ZeRO-1; the closest is --shard fsdp --no-reshard-after-forward "
                      f"(ZeRO-2): it holds less, and sends {extra / GB:.2f} GB more per GPU per step")
-    runs = [s for s in SHARD_FLAGS if s in fitting]  # ordered from the least sharded
+    runs = script_fits(est)
     if not runs:
         return [*lines, "command     none: only ZeRO-1 fits, which train_gpu.py does not run"]
     m = est["memory"]
-    scheme = min(runs, key=lambda s: (m[s]["comm_bytes"] if m[s]["comm_s"] is None else m[s]["comm_s"], runs.index(s)))
+    scheme = fastest_scheme(est)
     if scheme != runs[0] and m[scheme]["comm_s"] is not None:
         others = ", ".join(f"{memory.SCHEME_NAMES[s]} {m[s]['comm_s'] * 1e3:,.1f}" for s in runs if s != scheme)
         lines.append(f"note        {memory.SCHEME_NAMES[scheme]}: the fastest scheme that fits, "
@@ -639,38 +657,142 @@ def command_lines(est: dict, shape, gpus_per_node: int, layout: str, checkpoint:
         flags.append("--checkpoint-activations")
     if scheme != "ddp" and st["grad_accum"] > 1:  # the choice the rows were computed with, said explicitly
         flags += ["--grad-sync", "every" if est["memory"][scheme]["sync_every"] else "last"]
+    if needs_own_data(est):
+        flags += ["--data", "DATA"]
     # a requeued or restarted job continues from its newest checkpoint; across machines OUT must be a
     # folder every node sees (each writes its own shards there)
     flags += ["--out", "out_gpu" if nodes == 1 else "OUT", "--auto-resume"]
-    return lines + ["command     " + " ".join(str(x) for x in [*launch, "code/train_gpu.py", *flags])]
+    return lines + [command_verdict(est, scheme),
+                    "command     " + " ".join(str(x) for x in [*launch, "code/train_gpu.py", *flags])]
 
 
-def fitting_lines(argv: list, est: dict, checkpoint: bool) -> list:
-    """When no scheme fits, the command of the nearest plan that does, by the budget's own search: the
-    largest micro-batch that fits under some scheme (max_micro_batch); where not even one sequence
-    fits, --checkpoint-activations at this micro-batch, or at the largest that fits with it."""
-    asked = est["step"]["micro_batch"]
-    best = max(m["max_micro_batch"] or 0 for m in est["memory"].values())
-    extra = ["--micro-batch", str(best)] if best else []
-    if not best and not checkpoint:
-        with_ck = plan([*argv, "--checkpoint-activations"], fallback=False)["est"]["memory"].values()
-        if any(m["fits"] for m in with_ck):
-            extra = ["--checkpoint-activations"]
-        elif max(m["max_micro_batch"] for m in with_ck):
-            extra = ["--checkpoint-activations", "--micro-batch", str(max(m["max_micro_batch"] for m in with_ck))]
-    if not extra:
+# train_gpu.py's default data: the book's 全宋词 tokens (code/data.py), their training split;
+# tests/test_budget.py holds this equal to data.load_tokens()
+BOOK_TRAIN_TOKENS = 1_551_939
+
+
+def needs_own_data(est: dict) -> bool:
+    """Whether the plan needs a corpus of the reader's own: it reads more than the book's tokens once,
+    or its vocabulary is not the book's tokenizer's."""
+    return est["tokens"] > BOOK_TRAIN_TOKENS or est.get("vocab_size", BOOK_VOCAB) != BOOK_VOCAB
+
+
+def data_line(est: dict) -> str:
+    d = est["tokens"]
+    passes = d / BOOK_TRAIN_TOKENS
+    why = []
+    if d > BOOK_TRAIN_TOKENS:
+        why.append(f"it reads {d:,.0f} tokens, {passes:,.0f} passes over the book's {BOOK_TRAIN_TOKENS:,} "
+                   "training tokens (train_gpu.py's default data)")
+    if est.get("vocab_size", BOOK_VOCAB) != BOOK_VOCAB:
+        why.append(f"its vocabulary is {est['vocab_size']:,}, not the book tokenizer's {BOOK_VOCAB:,}")
+    if not why:
+        return (f"data        {d:,.0f} tokens, {passes:.2f} of a pass over the book's {BOOK_TRAIN_TOKENS:,} "
+                "training tokens (train_gpu.py's default data)")
+    return ("data        the command names --data DATA: " + "; ".join(why) + ". DATA is a uint16 token file "
+            f"of your own with at least {d:,.0f} tokens (code/prepare_tokens.py makes one)")
+
+
+def command_verdict(est: dict, scheme: str) -> str:
+    """What the printed command's own rows say: its memory against the limit, its communication against
+    its compute at the micro-batch it prints."""
+    m, st = est["memory"][scheme], est["step"]
+    limit = USABLE_FRACTION * est["memory_gb"] * GB if est.get("memory_gb") else None
+    said = [f"{memory.SCHEME_NAMES[scheme]} at micro-batch {st['micro_batch']}"]
+    if limit is not None and m["total"] is not None:
+        tight = m["total"] > NEAR_LIMIT * limit
+        said.append(f"{m['total'] / GB:.2f} of {limit / GB:.3g} GB"
+                    + (f" (within {1 - NEAR_LIMIT:.0%} of the limit: little room for the allocator's "
+                       "fragmentation; measure the first steps' peak)" if tight else ""))
+    if m["comm_s"] is not None:
+        ratio = m["comm_s"] / st["compute_s"]
+        if ratio > 1:
+            how = "longer than compute: it cannot hide"
+        elif ratio > BACKWARD_SHARE:
+            how = "longer than backward: part of it shows in the step time"
+        else:
+            how = "shorter than backward: overlapped with it, it can hide"
+        said.append(f"communication {ratio:.2f} of compute, {how}")
+    return "verdict     the command below: " + "; ".join(said)
+
+
+NEAR_LIMIT = 0.99  # a fit this close to the usable memory is flagged
+
+
+def step_seconds(est: dict, scheme: str) -> float:
+    """A step's time under a scheme: compute plus communication, not overlapped (as the table counts it)."""
+    return est["step"]["compute_s"] + (est["memory"][scheme]["comm_s"] or 0)
+
+
+def plan_choices(argv: list, p: dict) -> tuple:
+    """Every (micro-batch, scheme) pair up to the micro-batch asked that fits, fastest first by the time
+    per token of compute plus communication (the budget counts the same MFU at every micro-batch, so a
+    smaller micro-batch costs no compute here; on a GPU it often does). Returns (pairs, argv of the
+    best plan, whether --checkpoint-activations had to be added)."""
+    asked, checkpoint = p["est"]["step"]["micro_batch"], p["args"].checkpoint_activations
+    base = [a for i, a in enumerate(argv) if not (a == "--micro-batch" or a.startswith("--micro-batch=")
+                                                  or (i and argv[i - 1] == "--micro-batch"))]
+    added = False
+    est = p["est"]
+    if not any(m["max_micro_batch"] for m in est["memory"].values()) and not checkpoint:
+        with_ck = plan([*argv, "--checkpoint-activations"], fallback=False)
+        if any(m["max_micro_batch"] for m in with_ck["est"]["memory"].values()):
+            base, added, est = [*base, "--checkpoint-activations"], True, with_ck["est"]
+    sizes = {b for b in (2 ** k for k in range(asked.bit_length())) if b <= asked} | {asked}
+    sizes |= {m["max_micro_batch"] for m in est["memory"].values() if m["max_micro_batch"]}
+    pairs = []
+    for b in sorted(b for b in sizes if 0 < b <= asked):
+        q_argv = [*base, "--micro-batch", str(b)]
+        q = p if (b == asked and not added) else plan(q_argv, fallback=False)
+        for s in script_fits(q["est"]):
+            e = q["est"]
+            pairs.append(dict(micro_batch=b, scheme=s, argv=q_argv, est=e, total=e["memory"][s]["total"],
+                              step_s=step_seconds(e, s), per_token=step_seconds(e, s) / e["step"]["tokens"],
+                              ratio=None if e["memory"][s]["comm_s"] is None
+                              else e["memory"][s]["comm_s"] / e["step"]["compute_s"],
+                              hours=e["step"]["steps"] * step_seconds(e, s) / 3600,
+                              sent=e["memory"][s]["comm_bytes"]))
+    order = list(SHARD_FLAGS)
+    # fastest per token; without a link speed, the fewest bytes; ties to the larger micro-batch, then the
+    # least sharded
+    pairs.sort(key=lambda x: (x["per_token"] if x["ratio"] is not None else x["sent"] / x["est"]["step"]["tokens"],
+                              -x["micro_batch"], order.index(x["scheme"])))
+    return pairs, added
+
+
+def choice_lines(argv: list, p: dict) -> list:
+    """The command of the fastest (micro-batch, scheme) pair that fits; where it is not the micro-batch
+    asked, the pairs compared and why."""
+    pairs, added = plan_choices(argv, p)
+    asked, checkpoint = p["est"]["step"]["micro_batch"], p["args"].checkpoint_activations
+    if not pairs:
         return [f"command     none: not even one sequence per GPU fits under any scheme"
                 f"{'' if checkpoint else ', with --checkpoint-activations or without'}; shard over more GPUs "
                 "(see the verdict)"]
-    if "--micro-batch" in extra:  # replaces the one asked for
-        argv = [a for i, a in enumerate(argv) if not (a == "--micro-batch" or a.startswith("--micro-batch=")
-                                                      or (i and argv[i - 1] == "--micro-batch"))]
-    fitting = [*argv, *extra]
-    return [f"note        nothing fits at micro-batch {asked}{'' if checkpoint else ' without checkpointing'}; "
-            f"the command below is the plan with {' '.join(extra)}, "
-            + ("the largest micro-batch that fits" if "--micro-batch" in extra else "with which it fits")
-            + f" (python code/budget.py {' '.join(fitting)} prints its rows)",
-            *command_lines_of(plan(fitting, fallback=False))]
+    best = pairs[0]
+    at_asked = [x for x in pairs if x["micro_batch"] == asked and not added]
+    if at_asked and at_asked[0] is best:
+        return command_lines_of(p)
+    why = ("nothing fits at micro-batch " + str(asked) + ("" if checkpoint else " without checkpointing")
+           if not at_asked else f"at micro-batch {asked} the fastest that fits is "
+           f"{memory.SCHEME_NAMES[at_asked[0]['scheme']]}, slower than a smaller micro-batch")
+    lines = [f"note        {why}; the plans that fit"
+             + (" with --checkpoint-activations" if added else "")
+             + ", fastest first (compute + communication per step, not overlapped; the budget counts the same "
+             "MFU at every micro-batch, a GPU often runs smaller ones slower):",
+             f"  {'micro-batch':>11}  {'scheme':<12} {'total GB':>9} {'step ms':>10} {'comm/compute':>13} "
+             f"{'hours':>9}"]
+    for x in pairs[:PLANS_SHOWN]:
+        lines.append(f"  {x['micro_batch']:>11}  {memory.SCHEME_NAMES[x['scheme']]:<12} {x['total'] / GB:>9.2f} "
+                     + (f"{x['step_s'] * 1e3:>10,.1f} {x['ratio']:>13.2f} {x['hours']:>9,.1f}"
+                        if x["ratio"] is not None else f"{'?':>10} {'?':>13} {'?':>9}")
+                     + ("   <- the command" if x is best else ""))
+    lines.append(f"note        python code/budget.py {' '.join(best['argv'])} prints the command's rows")
+    q = plan(best["argv"], fallback=False)
+    return lines + command_lines_of(q)
+
+
+PLANS_SHOWN = 6
 
 
 def command_lines_of(p: dict) -> list:
@@ -714,7 +836,10 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--tokens", type=positive, help="training tokens D (e.g. 20e9 or 20B)")
     p.add_argument("--seq-len", type=positive_int,
                    help=f"sequence length s (default: the named model's context, else {DEFAULT_SEQ_LEN})")
-    p.add_argument("--micro-batch", type=positive_int, default=8, help="sequences per GPU per forward (default 8)")
+    p.add_argument("--micro-batch", type=positive_int,
+                   help="sequences per GPU per forward (default: the named model's, "
+                        + ", ".join(f"{k} {m.micro_batch}" for k, m in MODELS.items() if m.micro_batch != 8)
+                        + "; else 8)")
     p.add_argument("--layout", choices=tuple(memory.LAYOUTS), default="autocast",
                    help="precision layout of the state: autocast (fp32 weights, as train_gpu.py; default) or "
                         "mixed (bf16 weights and grads + fp32 master, the ZeRO paper's 16 bytes; "
@@ -758,7 +883,7 @@ def _finite(x) -> bool:
 def plan(argv: list, fallback: bool = True) -> dict:
     """Parse a command line (not empty) and estimate it: what main prints, as numbers. A bad argument
     ends in SystemExit with one line on stderr, as on the command line. fallback: where nothing fits,
-    print the command of the nearest plan that does (fitting_lines)."""
+    compare every smaller micro-batch and scheme that fits and print the fastest's command (choice_lines)."""
     parser = build_parser()
     # argparse takes "-1e9" for an option; glue such a value to its flag so the check below can name it
     merged = []
@@ -778,6 +903,8 @@ def plan(argv: list, fallback: bool = True) -> dict:
             args.seq_len = m.seq_len
     if args.seq_len is None:
         args.seq_len = DEFAULT_SEQ_LEN
+    if args.micro_batch is None:
+        args.micro_batch = MODELS[args.model].micro_batch if args.model is not None else NamedModel.micro_batch
     if args.params is None and (args.d_model is None or args.n_layer is None):
         parser.error("give the model size: --params, --model, or --d-model and --n-layer")
     if (args.d_model is None) != (args.n_layer is None):
@@ -838,9 +965,12 @@ def plan(argv: list, fallback: bool = True) -> dict:
     peak_label = "dense peak" if custom else f"{gpu.precision} dense peak"
     p = dict(args=args, est=est, shape=shape, label=label, peak=peak, memory_gb=memory_gb, link_gb_s=link_gb_s,
              link_label=link_label)
+    est["memory_gb"] = memory_gb
     commands = command_lines_of(p)
-    if fallback and commands and args.layout == "autocast" and not any(m["fits"] for m in est["memory"].values()):
-        commands = fitting_lines(merged, est, args.checkpoint_activations)
+    if fallback and commands and args.layout == "autocast":
+        commands = choice_lines(merged, p)
+    if commands and shape is not None:
+        commands.insert(0, data_line(est))
     p["text"] = "\n".join([report(est, label, peak, args.mfu, memory_gb, args.layout, args.checkpoint_activations,
                                   link_label, args.fp32_grads, peak_label), *commands])
     return p

@@ -139,7 +139,8 @@ def test_seven_b_on_eight_gpus_needs_sharding():
                           checkpoint=True)
     fits = {s: m["fits"] for s, m in est["memory"].items()}
     assert fits == {"ddp": False, "zero1": False, "zero2": True, "zero3": True}
-    assert "fits under ZeRO-2 (not under plain DDP)" in budget.report(est, "H100", 989e12, 0.4, 80, checkpoint=True)
+    assert "fits under ZeRO-2, ZeRO-3/FSDP (not under DDP, ZeRO-1) at this micro-batch" in budget.report(
+        est, "H100", 989e12, 0.4, 80, checkpoint=True)
 
 
 def test_max_micro_batch_is_the_largest_that_fits():
@@ -340,7 +341,7 @@ def _command(*args):
     r = cli(*args)
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if x.startswith("command "))
-    return line.removesuffix(" --auto-resume").rsplit(" --out ", 1)[0], r.stdout
+    return line.removesuffix(" --auto-resume").rsplit(" --out ", 1)[0].removesuffix(" --data DATA"), r.stdout
 
 
 def test_the_plan_prints_the_train_gpu_command_of_the_scheme_that_fits():
@@ -525,6 +526,16 @@ def test_the_plan_accumulates_to_the_global_batch():
     assert st["grad_accum"] == 1 and "one micro-batch on every GPU, more than the 524,288 asked" in line
 
 
+def printed_plan(p: dict) -> dict:
+    """The plan whose command p prints: p itself, or the one its note names (another micro-batch)."""
+    import shlex
+    note = next((x for x in p["text"].splitlines() if x.endswith(" prints the command's rows")), None)
+    if note is None:
+        return p
+    argv = note.split("python code/budget.py ", 1)[1].removesuffix(" prints the command's rows")
+    return budget.plan(shlex.split(argv))
+
+
 @pytest.mark.parametrize("plan", [
     ["--model", "124M", "--gpus", "1", "--gpu", "RTX3060", "--micro-batch", "7"],
     ["--model", "124M", "--gpus", "1", "--gpu", "RTX3060", "--micro-batch", "8", "--checkpoint-activations"],
@@ -543,7 +554,7 @@ def test_the_printed_command_is_the_plan_train_gpu_runs(plan, monkeypatch):
 
     from memory import run_peak_bytes, run_sent_bytes
     from train_gpu import build_parser, check_args, planned_run
-    p = budget.plan(plan)
+    p = printed_plan(budget.plan(plan))
     line = next(x for x in p["text"].splitlines() if x.startswith("command "))
     argv = shlex.split(line.split(None, 1)[1])
     world, st = p["est"]["gpus"], p["est"]["step"]
@@ -773,9 +784,12 @@ def test_when_nothing_fits_the_command_is_the_nearest_plan_that_does():
     best = p["est"]["memory"]["ddp"]["max_micro_batch"]
     fitting = budget.plan([*SEED_12GB[:-1], str(best)])
     assert command_of(p["text"]) == command_of(fitting["text"]) and best == 7
-    note = next(x for x in p["text"].splitlines() if x.startswith("note "))
-    assert "nothing fits at micro-batch 8" in note and "--micro-batch 7, the largest micro-batch that fits" in note
-    assert f"python code/budget.py {' '.join(SEED_12GB[:-1])} 7 prints its rows" in note
+    notes = [x for x in p["text"].splitlines() if x.startswith("note ")]
+    assert "nothing fits at micro-batch 8 without checkpointing; the plans that fit" in notes[0]
+    assert f"note        python code/budget.py {' '.join(SEED_12GB[:-1])} 7 prints the command's rows" in notes
+    rows = p["text"].split(notes[0])[1].splitlines()[2:]  # below the table's header
+    assert rows[0].split()[:2] == ["7", "DDP"] and rows[0].endswith("<- the command")  # one GPU: DDP's rows
+    assert [int(r.split()[0]) for r in rows if r.startswith("  ")] == [7, 4, 2, 1]  # each fits; faster first
     # 64.5B on 64 H100s: not one sequence fits without checkpointing, so the command recomputes
     shape = ["--d-model", "8192", "--n-layer", "80", "--gpus", "64"]
     p = budget.plan(shape)
@@ -798,3 +812,57 @@ def test_recomputation_adds_each_blocks_forward_to_the_hours():
     assert redone["flops"] == plain["flops"]  # the model's FLOPs, as MFU counts them
     assert f"recomputation included: each block's forward again, {share:.1%} more FLOPs" in budget.plan(
         [*base, "--checkpoint-activations"])["text"]
+
+
+# ---- the printed plan: the fastest (micro-batch, scheme) pair, and its own verdict (C5, P18) -------------
+
+def test_seven_b_on_64_h100s_prints_the_fastest_pair_and_its_own_verdict():
+    """At its own micro-batch 2 only ZeRO-3 fits, and its rows say communication is 1.08x compute; at
+    micro-batch 1 HSDP fits and communicates 0.15x. The command is HSDP at 1, and the verdict printed
+    beside it is the command's own, with the fit within 1 % of the limit flagged."""
+    text = budget.plan(["--model", "7B", "--gpus", "64", "--gpu", "H100"])["text"]
+    lines = text.splitlines()
+    assert "× 2 sequences ×" in next(x for x in lines if x.startswith("step "))  # the 7B's own micro-batch
+    assert "verdict     fits under ZeRO-3/FSDP (not under DDP, ZeRO-1, ZeRO-2, HSDP) at this micro-batch" in lines
+    command = lines[-1]
+    assert "--micro-batch 1 " in command and "--shard hsdp " in command
+    verdict = lines[-2]
+    assert verdict.startswith("verdict     the command below: HSDP at micro-batch 1; 71.62 of 72 GB (within 1%")
+    assert "communication 0.15 of compute, shorter than backward" in verdict
+    table = lines[lines.index(next(x for x in lines if "the plans that fit" in x)) + 2:]
+    first, second = table[0].split(), table[1].split()
+    assert first[:2] == ["1", "HSDP"] and table[0].endswith("<- the command")
+    assert second[:2] == ["2", "ZeRO-3/FSDP"] and float(second[4]) == 1.08  # the plan printed before
+    assert float(first[3].replace(",", "")) < float(second[3].replace(",", ""))  # step ms: faster
+
+
+def test_a_plan_that_fits_at_its_micro_batch_keeps_it_and_says_what_its_command_sends():
+    text = budget.plan(["--model", "124M", "--gpus", "8", "--gpu", "H100"])["text"]
+    lines = text.splitlines()
+    assert not any("the plans that fit" in x for x in lines)
+    assert "--micro-batch 8 " in lines[-1] and "--shard ddp " in lines[-1]
+    assert lines[-2].startswith("verdict     the command below: DDP at micro-batch 8; ")
+    assert "shorter than backward" in lines[-2]
+
+
+# ---- the data the command reads (C12) -------------------------------------------------------------------
+
+def test_the_book_corpus_size_is_the_data_train_gpu_reads_by_default():
+    from data import load_tokens
+    assert budget.BOOK_TRAIN_TOKENS == len(load_tokens().train)
+
+
+def test_a_plan_beyond_the_book_corpus_names_data_and_says_why():
+    text = budget.plan(["--model", "124M", "--gpus", "8"])["text"]
+    line = next(x for x in text.splitlines() if x.startswith("data "))
+    passes = budget.plan(["--model", "124M", "--gpus", "8"])["est"]["tokens"] / budget.BOOK_TRAIN_TOKENS
+    assert f"{passes:,.0f} passes over the book's 1,551,939 training tokens" in line
+    assert "its vocabulary is 50,257, not the book tokenizer's 8,192" in line
+    assert " --data DATA --out " in text.splitlines()[-1]
+    # the book's own model on the book's tokens, for less than one pass: the default data, no --data
+    small = budget.plan(["--model", "book-29M", "--gpus", "1", "--tokens", "1e6"])["text"]
+    assert "--data" not in small.splitlines()[-1]
+    assert next(x for x in small.splitlines() if x.startswith("data ")).startswith(
+        "data        1,000,000 tokens, 0.64 of a pass over the book's")
+    # the book's model for longer than the corpus: --data too
+    assert " --data DATA " in budget.plan(["--model", "book-29M", "--gpus", "1"])["text"].splitlines()[-1]

@@ -357,11 +357,15 @@ def test_a_named_model_on_the_loaded_form_is_the_command_lines(calculator):
 def test_a_named_model_sets_its_own_micro_batch(calculator, model):
     shown = choose_model(calculator, model)
     argv = shown["last"]["argv"]
-    own = {sc.label.split()[0]: str(sc.micro_batch) for sc in budget.REFERENCE[1:]}.get(model)
+    own = budget.MODELS[model].micro_batch
+    own = str(own) if own != budget.NamedModel.micro_batch else None
     expected = ["--model", model, "--gpus", "8", "--gpu", "H100", "--mfu", "0.4"]
     assert argv == expected + (["--micro-batch", own] if own else []), argv
     if model == "7B":
         assert own == "2"
+    typed = cli(["--model", model, "--gpus", "8", "--gpu", "H100", "--mfu", "0.4"])[1]  # no --micro-batch typed
+    same = [line for line in typed.splitlines() if "code/budget.py" not in line]  # notes echo the argv
+    assert same == [line for line in cli(argv)[1].splitlines() if "code/budget.py" not in line]
     config = {argv[i]: argv[i + 1] for i in range(0, len(argv), 2)}
     assert check(shown, config, "DDP") == "text"
 
