@@ -545,6 +545,11 @@ def _batch_line(st: dict, gpus: int) -> str:
     if source.startswith("--grad-accum"):
         return f"batch       {tokens:,} tokens per step ({source})"
     if tokens > target and st["grad_accum"] == 1 and tokens >= 1.5 * target:
+        if st["micro_batch"] == 1:  # one sequence per GPU already: more GPUs only grow the batch
+            return (f"batch       {tokens:,} tokens per step: one sequence on every GPU, more than the {target:,.0f} "
+                    f"asked ({source}); data parallelism stops here: more GPUs add batch, not speed per step of "
+                    "that batch; use fewer GPUs, or pipeline parallelism to share a sequence between GPUs (not in "
+                    "train_gpu.py; chapter 8)")
         return (f"batch       {tokens:,} tokens per step: one micro-batch on every GPU, more than the {target:,.0f} "
                 f"asked ({source}); lower --micro-batch or use fewer GPUs for a smaller batch")
     near = "" if tokens == target else f", the whole number of micro-batches nearest {target:,.0f}"
@@ -760,6 +765,24 @@ def plan_choices(argv: list, p: dict) -> tuple:
     return pairs, added
 
 
+def beyond_data_parallel(argv: list) -> str:
+    """What to do when one sequence fits nowhere: more GPUs, where ZeRO-3's shards shrink enough; else
+    what no number of GPUs shrinks, one sequence's activations and logits beside one block's gathered
+    weights, is larger than the GPU, and data parallelism stops (chapter 8)."""
+    base = [a for i, a in enumerate(argv) if not (a == "--micro-batch" or a.startswith("--micro-batch=")
+                                                  or (i and argv[i - 1] == "--micro-batch"))]
+    q = plan([*base, "--micro-batch", "1", *([] if "--checkpoint-activations" in base
+                                              else ["--checkpoint-activations"])], fallback=False)
+    parts, limit = q["est"]["memory"]["zero3"]["parts"], USABLE_FRACTION * q["memory_gb"] * GB
+    unshardable = _activations(parts) + _logits(parts) + parts.get("gathered weights", 0)
+    if unshardable <= limit:
+        return "shard over more GPUs (see the verdict)"
+    return (f"more GPUs cannot fit it either: one sequence's activations and logits with checkpointing, and one "
+            f"block's gathered weights, take {unshardable / GB:.2f} GB of the {limit / GB:.3g} GB usable whatever "
+            "the number of GPUs; data parallelism stops here: a longer sequence needs context parallelism, a "
+            "wider layer tensor parallelism (neither in train_gpu.py; chapter 8), or a GPU with more memory")
+
+
 def choice_lines(argv: list, p: dict) -> list:
     """The command of the fastest (micro-batch, scheme) pair that fits; where it is not the micro-batch
     asked, the pairs compared and why."""
@@ -767,8 +790,7 @@ def choice_lines(argv: list, p: dict) -> list:
     asked, checkpoint = p["est"]["step"]["micro_batch"], p["args"].checkpoint_activations
     if not pairs:
         return [f"command     none: not even one sequence per GPU fits under any scheme"
-                f"{'' if checkpoint else ', with --checkpoint-activations or without'}; shard over more GPUs "
-                "(see the verdict)"]
+                f"{'' if checkpoint else ', with --checkpoint-activations or without'}; " + beyond_data_parallel(argv)]
     best = pairs[0]
     at_asked = [x for x in pairs if x["micro_batch"] == asked and not added]
     if at_asked and at_asked[0] is best:
@@ -969,7 +991,7 @@ def plan(argv: list, fallback: bool = True) -> dict:
     commands = command_lines_of(p)
     if fallback and commands and args.layout == "autocast":
         commands = choice_lines(merged, p)
-    if commands and shape is not None:
+    if any(x.startswith("command     torchrun") for x in commands):
         commands.insert(0, data_line(est))
     p["text"] = "\n".join([report(est, label, peak, args.mfu, memory_gb, args.layout, args.checkpoint_activations,
                                   link_label, args.fp32_grads, peak_label), *commands])

@@ -866,3 +866,23 @@ def test_a_plan_beyond_the_book_corpus_names_data_and_says_why():
         "data        1,000,000 tokens, 0.64 of a pass over the book's")
     # the book's model for longer than the corpus: --data too
     assert " --data DATA " in budget.plan(["--model", "book-29M", "--gpus", "1"])["text"].splitlines()[-1]
+
+
+# ---- where data parallelism stops (chapter 8) ------------------------------------------------------------
+
+def test_a_sequence_that_fits_no_gpu_says_data_parallelism_stops_and_why():
+    text = budget.plan(["--model", "7B", "--gpus", "8", "--gpu", "RTX3060", "--seq-len", "65536"])["text"]
+    last = text.splitlines()[-1]
+    assert last.startswith("command     none: not even one sequence per GPU fits")
+    assert "more GPUs cannot fit it either" in last and "context parallelism" in last
+    assert not any(x.startswith("data ") for x in text.splitlines())  # no command, no --data to explain
+    # where more GPUs do help (ZeRO-3's shards shrink), it says so instead
+    text = budget.plan(["--model", "7B", "--gpus", "8", "--gpu", "RTX3060", "--seq-len", "8192"])["text"]
+    assert text.splitlines()[-1].endswith("shard over more GPUs (see the verdict)")
+
+
+def test_one_sequence_per_gpu_beyond_the_batch_says_data_parallelism_stops():
+    line = next(x for x in budget.plan(["--model", "124M", "--gpus", "1024", "--micro-batch", "1"])["text"]
+                .splitlines() if x.startswith("batch "))
+    assert "one sequence on every GPU, more than the 524,288 asked" in line
+    assert "data parallelism stops here" in line and "pipeline parallelism" in line
