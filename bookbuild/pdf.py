@@ -238,6 +238,15 @@ def not_in_cache(store) -> list[Path]:
     return missing
 
 
+def beside_pages(pdf_file: Path, html: Path = BUILD / "html") -> None:
+    """Copy the PDF beside the built pages, where the front page's 下载 PDF links it (../NAME.pdf from
+    chapters/), so that the link works in a locally built book as on the published site."""
+    if html.is_dir():
+        partial = html / f"{pdf_file.name}.partial"
+        shutil.copyfile(pdf_file, partial)
+        partial.replace(html / pdf_file.name)
+
+
 def main(argv=None) -> int:
     ap = book.script_arguments().Parser(prog="python -m bookbuild.pdf",
                                         description=f"Build the book as a PDF, {OUT.relative_to(book.REPO)}.")
@@ -265,6 +274,7 @@ def main(argv=None) -> int:
     partial = OUT.with_suffix(".pdf.partial")
     shutil.copyfile(LATEX / f"{NAME}.pdf", partial)
     partial.replace(OUT)  # a reader or the Pages upload never sees half a PDF
+    beside_pages(OUT)
     overfull = overfull_verbatim(log.read_text(encoding="utf-8", errors="replace"))
     print(f"wrote {OUT.relative_to(book.REPO)} ({OUT.stat().st_size / 1e6:.1f} MB) in "
           f"{time.perf_counter() - t0:.0f} s; lines of code or output past the margin: {len(overfull)}")

@@ -191,3 +191,16 @@ def test_pages_rendered_for_a_person(built):
         subprocess.run(["pdftoppm", "-png", "-r", "80", "-f", str(index + 1), "-l", str(index + 1),
                         "-singlefile", str(pdf.OUT), str(PAGES / f"{label}-p{index + 1}")], check=True)
     assert len(list(PAGES.glob("*.png"))) == 3
+
+
+def test_the_front_pages_pdf_link_resolves_in_a_local_build(built):
+    """The front page's 下载 PDF links ../train-faster-larger.pdf from chapters/: bookbuild.pdf puts the
+    PDF there, so the link is not a 404 in a locally built book (it was, before: only the Pages workflow
+    copied it)."""
+    front = (HTML / "chapters" / "00_front.html").read_text(encoding="utf-8")
+    links = [h for h in re.findall(r'href="([^"#]+\.pdf)"', front)]
+    assert links, "the front page has no PDF link"
+    for href in links:
+        target = (HTML / "chapters" / href).resolve()
+        assert target.is_file(), f"{href} from chapters/ is not in the built book"
+        assert target.read_bytes() == pdf.OUT.read_bytes()
