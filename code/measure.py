@@ -538,19 +538,37 @@ def estimate_run_time(chapter: str) -> None:
           f"the machine of the reference run; estimated run time here: {estimate:.0f} s")
 
 
-def peak_memory(fn) -> int:
-    """Bytes: the most memory fn() holds at once beyond what existed before it, measured.
+PHASE = "phase:"  # record_function("phase:forward") etc. marks a phase memory_timeline reports
+
+
+def memory_timeline(fn) -> dict:
+    """The live bytes fn() holds beyond what existed before it, after every allocation and free, in
+    time order; and the phases fn marked with torch.profiler.record_function("phase:NAME").
 
     torch.profiler with profile_memory=True records every allocation and free of torch's CPU
-    allocator with its size; summing them in time order gives the live bytes at every instant,
-    and the maximum of that running sum is the peak. It counts tensors (activations, gradients,
-    optimizer state, temporaries), not the Python interpreter or the torch library itself.
+    allocator with its size and time; their running sum is the live bytes at every instant. It counts
+    tensors (activations, gradients, optimizer state, temporaries), not the Python interpreter or the
+    torch library itself. Returns t_ms and live (equal lengths), phases [(name, start_ms, end_ms)],
+    peak (bytes) and peak_ms, all times from the first event.
     """
     prof = profile_step(fn, profile_memory=True)
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    live = peak = 0
-    for e in events:
-        live += e.nbytes()
-        peak = max(peak, live)
-    return peak
+    events = list(prof.profiler.kineto_results.events())
+    mem = sorted((e for e in events if e.name() == "[memory]"), key=lambda e: e.start_ns())
+    marks = [e for e in events if e.name().startswith(PHASE)]
+    t0 = min([e.start_ns() for e in mem + marks], default=0)
+    t_ms, live, total, peak, peak_ms = [], [], 0, 0, 0.0
+    for e in mem:
+        total += e.nbytes()
+        t_ms.append((e.start_ns() - t0) / 1e6)
+        live.append(total)
+        if total > peak:
+            peak, peak_ms = total, t_ms[-1]
+    phases = sorted((e.name().removeprefix(PHASE), (e.start_ns() - t0) / 1e6,
+                     (e.start_ns() + e.duration_ns() - t0) / 1e6) for e in marks)
+    return dict(t_ms=t_ms, live=live, phases=sorted(phases, key=lambda p: p[1]), peak=peak, peak_ms=peak_ms)
+
+
+def peak_memory(fn) -> int:
+    """Bytes: the most memory fn() holds at once beyond what existed before it, measured (the maximum of
+    memory_timeline's live bytes)."""
+    return memory_timeline(fn)["peak"]

@@ -104,6 +104,31 @@ def test_peak_memory_measures_allocations():
     assert 100e6 <= peak_memory(fn2) < 101e6
 
 
+def test_memory_timeline_follows_each_allocation_and_names_the_phases():
+    from torch.profiler import record_function
+
+    from measure import memory_timeline
+
+    def fn():
+        with record_function("phase:grow"):
+            a = torch.ones(10_000_000)  # 40 MB
+            b = torch.ones(15_000_000)  # 60 MB: the peak, 100 MB, is here
+        with record_function("phase:shrink"):
+            del a, b
+            c = torch.ones(5_000_000)  # 20 MB
+        return c
+    tl = memory_timeline(fn)
+    assert len(tl["t_ms"]) == len(tl["live"]) and tl["t_ms"] == sorted(tl["t_ms"])
+    assert [name for name, _, _ in tl["phases"]] == ["grow", "shrink"]
+    (_, g0, g1), (_, s0, s1) = tl["phases"]
+    assert g0 <= g1 <= s0 <= s1
+    assert 100e6 <= tl["peak"] < 101e6 and tl["peak"] == max(tl["live"])
+    assert g0 <= tl["peak_ms"] <= g1  # the peak falls in the phase that made it
+    after = [b for t, b in zip(tl["t_ms"], tl["live"]) if t >= s0]
+    assert any(20e6 <= b < 21e6 for b in after)  # c alone, once a and b are freed
+    assert tl["live"][-1] == 0  # the profiled call drops what fn returned
+
+
 def test_matmul_peak_is_plausible():
     flops = matmul_peak(torch.float32, sizes=(128, 256), repeats=3)
     assert 1e6 < flops < 1e15  # loose: a machine shared by many jobs can be 100× slower than quiet
