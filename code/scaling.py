@@ -27,6 +27,7 @@ from measure import (
 )
 from model import GPT, GPTConfig
 from record import EMULATION_VARS, cpu_name
+from script_support import generate
 from train import History, TrainConfig, batch_losses, bits_per_byte, configure_optimizer, evaluate, train
 
 SIZES = [(64, 2, 2), (96, 3, 3), (128, 4, 4), (192, 4, 6)]  # (d_model, n_layer, n_head)
@@ -146,14 +147,32 @@ def _progress(d: int, steps: int, expected_s: float):
     return show
 
 
-def _train_one(size, seed, tokens, cfg, val_batches, train_batches, byte_counts, expected_s) -> dict:
+SAMPLE_PROMPT = "浣溪沙｜"  # a 词牌 and the separator: how the corpus's lines begin (词牌｜作者｜正文)
+SAMPLE_TOKENS = 64
+N_SAMPLES = 8  # per size: one is shown, all are counted (9's 它们写出了什么)
+
+
+def samples(model, sp, n: int = N_SAMPLES) -> list:
+    """What a model writes after SAMPLE_PROMPT at the start of a document, n times: up to SAMPLE_TOKENS tokens
+    or the end of the document, at temperature 0.8 with generators seeded 0 .. n-1 (the same for every size)."""
+    prompt = torch.tensor([[sp.eos_id(), *sp.encode(SAMPLE_PROMPT)]])
+    texts = []
+    for seed in range(n):
+        ids = generate(model, prompt, SAMPLE_TOKENS, temperature=0.8, generator=torch.Generator().manual_seed(seed),
+                       context=model.cfg.seq_len, kv_cache=True)[0, 1:].tolist()
+        texts.append(sp.decode(ids[:ids.index(sp.eos_id())] if sp.eos_id() in ids else ids))
+    return texts
+
+
+def _train_one(size, seed, tokens, cfg, val_batches, train_batches, byte_counts, expected_s, sp) -> dict:
     model = fresh(size, seed)
     hist = train(model, tokens.train, dataclasses.replace(cfg, seed=seed), val_batches=val_batches,
                  on_eval=_progress(size[0], cfg.steps, expected_s))
     bpb = bits_per_byte(model, val_batches, byte_counts, losses=hist.val_batch_losses[-1])[1]  # the last evaluation
     print(f"d_model {size[0]:3d}" + (f", seed {seed}" if seed else "") + f": {hist.seconds:.0f} s, "
           f"{hist.seconds / cfg.steps * 1000:.0f} ms/step", flush=True)
-    return {"d": size[0], "hist": hist, "train_fixed": evaluate(model, train_batches), "bpb": bpb}
+    return {"d": size[0], "hist": hist, "train_fixed": evaluate(model, train_batches), "bpb": bpb,
+            "samples": samples(model, sp)}
 
 
 def _key() -> str:
@@ -193,7 +212,8 @@ def run() -> dict:
     has run it already for this code, corpus and machine, its record (delete the file to run it anew).
 
     Returns {"probe", "precision", "threads", "steps", "expected_s", "train_s", "runs": [one per size: d,
-    hist, train_fixed, bpb], "retrain": the smallest with RETRAIN_SEED, "made": when it ran}."""
+    hist, train_fixed, bpb, samples (scaling.samples)], "retrain": the smallest with RETRAIN_SEED,
+    "made": when it ran}."""
     path = _path()
     if path.is_file():
         record = _load(path)
@@ -210,11 +230,11 @@ def run() -> dict:
     expected = calibrate(cfg, val_batches, train_batches)
     byte_counts = token_bytes(sp)
     t0 = time.perf_counter()
-    runs = [_train_one(s, 0, tokens, cfg, val_batches, train_batches, byte_counts, expected[s[0]]) for s in SIZES]
+    runs = [_train_one(s, 0, tokens, cfg, val_batches, train_batches, byte_counts, expected[s[0]], sp) for s in SIZES]
     train_s = time.perf_counter() - t0
     print(f"all four sizes: {train_s:.0f} s (expected {sum(expected.values()):.0f} s)")
     retrain = _train_one(SIZES[0], RETRAIN_SEED, tokens, cfg, val_batches, train_batches, byte_counts,
-                         expected[SIZES[0][0]])
+                         expected[SIZES[0][0]], sp)
     record = {"probe": chosen, "precision": chosen["precision"], "threads": chosen["threads"], "steps": cfg.steps,
               "expected_s": sum(expected.values()), "train_s": train_s, "runs": runs, "retrain": retrain,
               "made": time.strftime("%Y-%m-%d %H:%M")}

@@ -232,16 +232,28 @@ def write_json(path, record: dict) -> None:
 
 @torch.no_grad()
 def generate(model, idx: torch.Tensor, n_new: int, temperature: float = 0.8, generator=None,
-             context: int | None = None) -> torch.Tensor:
+             context: int | None = None, kv_cache: bool = False) -> torch.Tensor:
     """Extend the token ids idx (batch, t) by n_new sampled tokens; return (batch, t + n_new).
 
     model(idx) must return (logits, _). temperature 0 is greedy; otherwise sample from
     softmax(logits / temperature) with `generator` (a CPU torch.Generator, for repeatable samples).
-    context: the longest input the model takes (its seq_len); older tokens are dropped."""
+    context: the longest input the model takes (its seq_len); older tokens are dropped.
+    kv_cache: keep each block's keys and values (model.KVCache; the book's GPT only), so that each new
+    token runs the model on itself alone; where the context is full, the cache starts again from the
+    last context tokens. Without it, every new token runs the model over the whole context again."""
+    from model import KVCache
     was_training = model.training
     model.eval()
+    cache, logits = None, None
     for _ in range(n_new):
-        logits, _ = model(idx if context is None else idx[:, -context:])
+        window = idx if context is None else idx[:, -context:]
+        if not kv_cache:
+            logits, _ = model(window)
+        elif cache is None or len(cache) >= (context or model.cfg.seq_len):
+            cache = KVCache(len(model.blocks))  # the prompt, or a full context: fill the cache anew
+            logits, _ = model(window, cache=cache)
+        else:
+            logits, _ = model(idx[:, -1:], cache=cache)
         last = logits[:, -1, :].float()
         if temperature == 0:
             nxt = last.argmax(-1, keepdim=True)

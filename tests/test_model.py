@@ -110,3 +110,47 @@ def test_model_loss_equals_cross_entropy_of_its_logits():
     g_plain = torch.autograd.grad(plain, model.tok_emb.weight)[0]
     g_model = torch.autograd.grad(loss, model.tok_emb.weight)[0]
     assert torch.allclose(g_plain, g_model, rtol=1e-4, atol=1e-8)
+
+
+# ---- generation with a KV cache (model.KVCache, script_support.generate) ----
+
+def test_a_kv_cache_gives_the_logits_of_the_whole_context():
+    """The prompt through the cache, then one token at a time: each step's logits equal those of the whole
+    sequence run again (float rounding apart), so the cache changes the cost, not the model."""
+    from model import KVCache
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(d_model=64, n_layer=2, n_head=2, seq_len=32)).eval()
+    idx = torch.randint(0, 8192, (2, 20))
+    with torch.no_grad():
+        full, _ = m(idx)
+        cache = KVCache(2)
+        first, _ = m(idx[:, :8], cache=cache)
+        steps = [first] + [m(idx[:, t:t + 1], cache=cache)[0] for t in range(8, 20)]
+    assert len(cache) == 20
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="one new token at a time"):
+        m(idx[:, :2], cache=cache)
+    with pytest.raises(ValueError, match="exceeds the model's seq_len"):
+        m(idx[:, :1], cache=_full(m, idx))
+
+
+def _full(m, idx):
+    from model import KVCache
+    cache = KVCache(len(m.blocks))
+    with torch.no_grad():
+        m(torch.cat([idx, idx[:, :12]], dim=1), cache=cache)  # 32 tokens: the whole context
+    return cache
+
+
+@pytest.mark.parametrize("n_new", [10, 30])  # 30 runs past the 32-token context: the cache starts again
+def test_generation_with_and_without_the_cache_is_the_same_text(n_new):
+    from script_support import generate
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(d_model=64, n_layer=2, n_head=2, seq_len=32))
+    prompt = torch.randint(0, 8192, (1, 5))
+    plain = generate(m, prompt, n_new, temperature=0, context=32)
+    cached = generate(m, prompt, n_new, temperature=0, context=32, kv_cache=True)
+    assert torch.equal(plain, cached) and plain.size(1) == 5 + n_new
+    sampled = [generate(m, prompt, n_new, temperature=0.8, generator=torch.Generator().manual_seed(1), context=32,
+                        kv_cache=kv) for kv in (False, True)]
+    assert torch.equal(*sampled)
