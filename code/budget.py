@@ -11,7 +11,7 @@ What it assumes (each one a flag where a reader may differ):
               tokens, the reference 1.3B and 7B, the book's own two models on its 8,192); a shape given
               with --d-model and --n-layer that is a named model's takes that model's vocabulary, any
               other shape the book's 8,192 (train_gpu.py's default), unless --vocab-size says otherwise;
-  compute     FLOPs per token = 6N + 12·L·s·h (forward 2N, backward 4N, plus attention's QKᵀ and PV,
+  compute     FLOPs per token = 6N + 12·L·T·d (forward 2N, backward 4N, plus attention's QKᵀ and PV,
               which no parameter counts) when the shape is given; 6N when only --params is;
   data        D = 20·N tokens (Chinchilla's compute-optimal ratio) unless --tokens is given;
   time        hours = FLOPs / (GPUs · peak · MFU) / 3600, with the GPU's dense peak (bf16, or fp16 where
@@ -142,7 +142,7 @@ def vocabulary(vocab_size: int | None, model: str | None, d_model: int | None, n
     name = model or (named_model(d_model, n_layer) if d_model is not None else None)
     if name is not None:
         m = MODELS[name]
-        how = f"--model {name}" if model else f"h {m.d_model}, L {m.n_layer} is {m.source}'s shape"
+        how = f"--model {name}" if model else f"d {m.d_model}, L {m.n_layer} is {m.source}'s shape"
         return m.vocab_size, f"{VOCAB_NAMES[m.vocab_size]}, as {m.source} has ({how}; --vocab-size changes it)"
     if d_model is None:
         return None, ""
@@ -176,7 +176,7 @@ def train_hours(flops: float, gpus: int, peak_flops: float, mfu: float) -> float
 
 
 def attention_share(shape: memory.Shape, n_params: float) -> float:
-    """Attention's 12·L·s·h as a fraction of all training FLOPs per token."""
+    """Attention's 12·L·T·d as a fraction of all training FLOPs per token."""
     return 1 - 6 * n_params / flops_per_token(shape, n_params)
 
 
@@ -471,12 +471,12 @@ def report(est: dict, gpu_label: str, peak_flops: float, mfu: float, memory_gb, 
     if est["attention_share"] is None:
         compute = f"compute     6·N·D = {sci(est['flops'], 2)} FLOPs (give --d-model and --n-layer to count attention)"
     else:
-        compute = (f"compute     (6N + 12·L·s·h)·D = {sci(est['flops'], 2)} FLOPs "
+        compute = (f"compute     (6N + 12·L·T·d)·D = {sci(est['flops'], 2)} FLOPs "
                    f"(attention {est['attention_share']:.1%} of it)")
     named = MODELS.get(est.get("model") or "")
     lines = [
         f"model       {n / 1e9:.3f}B parameters"
-        + (f" (--model {est['model']}: {named.source}, h {named.d_model}, L {named.n_layer}, {named.n_head} heads)"
+        + (f" (--model {est['model']}: {named.source}, d {named.d_model}, L {named.n_layer}, {named.n_head} heads)"
            if named else "") + f", {d / 1e9:.1f}B tokens ({d / n:.1f} tokens/param)",
         compute,
         f"hardware    {est['gpus']} × {gpu_label}: {peak_flops / 1e12:.1f} TFLOP/s {peak_label} each, "
@@ -834,12 +834,12 @@ def build_parser() -> argparse.ArgumentParser:
                            "With no arguments: print the rule of thumb's reference table and the corrected one.")
     p.add_argument("--model", choices=tuple(MODELS),
                    help="a named model: its shape, vocabulary and context (the default --seq-len): "
-                        + "; ".join(f"{k} {m.source} (h {m.d_model}, L {m.n_layer}, V {m.vocab_size:,}, "
+                        + "; ".join(f"{k} {m.source} (d {m.d_model}, L {m.n_layer}, V {m.vocab_size:,}, "
                                     f"s {m.seq_len})" for k, m in MODELS.items())
                         + ". Or give the shape with --d-model and --n-layer")
     p.add_argument("--params", type=positive, help="parameters N (e.g. 1.3e9 or 1.3B); default: from the shape")
     p.add_argument("--d-model", type=positive_int,
-                   help="hidden size h (with --n-layer: the shape, for FLOPs and memory)")
+                   help="width d (with --n-layer: the shape, for FLOPs and memory)")
     p.add_argument("--n-layer", type=positive_int, help="layers L")
     p.add_argument("--n-head", type=positive_int, help="attention heads (default: d-model / 64)")
     p.add_argument("--vocab-size", type=positive_int,
@@ -857,7 +857,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="training tokens D = this × N (default 20, Chinchilla)")
     data.add_argument("--tokens", type=positive, help="training tokens D (e.g. 20e9 or 20B)")
     p.add_argument("--seq-len", type=positive_int,
-                   help=f"sequence length s (default: the named model's context, else {DEFAULT_SEQ_LEN})")
+                   help=f"sequence length T (default: the named model's context, else {DEFAULT_SEQ_LEN})")
     p.add_argument("--micro-batch", type=positive_int,
                    help="sequences per GPU per forward (default: the named model's, "
                         + ", ".join(f"{k} {m.micro_batch}" for k, m in MODELS.items() if m.micro_batch != 8)
@@ -1167,7 +1167,7 @@ def main(argv=None) -> None:
               "state 16 B/param, activations 34·s·b·h·L bytes, no logits")
         print(rule_of_thumb_table())
         print(f"\nCorrected by the memory ledger (code/memory.py): this model's N at each shape with vocabulary "
-              f"{REFERENCE_VOCAB:,}, D = 20N, FLOPs = (6N + 12·L·s·h)·D, {memory.LAYOUT_NAMES['autocast']}, "
+              f"{REFERENCE_VOCAB:,}, D = 20N, FLOPs = (6N + 12·L·T·d)·D, {memory.LAYOUT_NAMES['autocast']}, "
               f"peak = state + activations + logits")
         print(corrected_table())
         return

@@ -99,7 +99,7 @@ def test_reader_case_on_the_command_line():
     assert r.returncode == 0, r.stderr
     out = r.stdout
     n = param_count(2048, 20, 8192)
-    assert "(6N + 12·L·s·h)·D = 1.46e20 FLOPs" in out and f"{n / 1e9:.3f}B parameters, 20.4B tokens" in out
+    assert "(6N + 12·L·T·d)·D = 1.46e20 FLOPs" in out and f"{n / 1e9:.3f}B parameters, 20.4B tokens" in out
     shape = memory.Shape(2048, 20, 32, 2048, 8, 8192)
     est = budget.estimate(n_params=n, gpus=8, peak_flops=989e12, mfu=0.4, tokens=20 * n, memory_gb=80, shape=shape,
                           price_per_gpu_hour=2)
@@ -441,7 +441,7 @@ def _vocab_line(text):
 
 @pytest.mark.parametrize("argv, vocab, why", [
     (["--model", "124M"], 50257, "GPT-2's tokenizer, as GPT-2 124M has (--model 124M"),
-    (["--d-model", "768", "--n-layer", "12"], 50257, "h 768, L 12 is GPT-2 124M's shape"),  # the seed's nanoGPT
+    (["--d-model", "768", "--n-layer", "12"], 50257, "d 768, L 12 is GPT-2 124M's shape"),  # the seed's nanoGPT
     (["--d-model", "768", "--n-layer", "12", "--vocab-size", "8192"], 8192, "8,192: --vocab-size"),
     (["--model", "7B", "--vocab-size", "32000"], 32000, "32,000: --vocab-size"),
     (["--d-model", "2048", "--n-layer", "20"], 8192, "the book's tokenizer, train_gpu.py's default"),
