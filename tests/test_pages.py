@@ -90,6 +90,11 @@ MEASURE_JS = """() => {
       .fontWeight !== getComputedStyle(e.parentElement).fontWeight).map(e => e.textContent.slice(0, 30)),
     prompts: [...main.querySelectorAll('details.hide summary p')].map(e => e.textContent.trim()),
     search_box: [...document.querySelectorAll('input[name="q"]')].map(e => e.placeholder),
+    uncued: [...main.querySelectorAll('div.cell_output .book-columns, .pst-scrollable-table-container, '
+                                     + 'mjx-container[display="true"]')].filter(visible).filter(e => {
+        const box = e.matches('.book-columns') ? e.querySelector('pre') : e;
+        return box && box.scrollWidth > box.clientWidth + 1 && !getComputedStyle(e, '::after').content.includes('滑动');
+      }).map(e => e.textContent.trim().slice(0, 60)),
     runtime: [...main.querySelectorAll('p.chapter-runtime')].map(e => ({
       text: e.textContent, after: e.previousElementSibling?.tagName,
       first_p: e === main.querySelector('section > p:not(.chapter-runtime)')?.nextElementSibling,
@@ -125,6 +130,14 @@ def test_no_page_scrolls_sideways(measured, width):
 def test_code_and_outputs_fit_at_1280(measured):
     cut = {d: m["code"] + m["outputs"] for (d, w), m in measured.items() if w == 1280 and (m["code"] or m["outputs"])}
     assert not cut, f"code cells or outputs that scroll sideways at 1280 px: {json.dumps(cut, ensure_ascii=False)}"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_what_scrolls_sideways_says_so(measured, width):
+    # a printed table, an HTML table or a formula cut at the right shows no scrollbar with overlay scrollbars:
+    # each that scrolls carries the line layout.css adds under it
+    uncued = {d: m["uncued"] for (d, w), m in measured.items() if w == width and m["uncued"]}
+    assert not uncued, f"cut at {width} px with no word that it scrolls: {json.dumps(uncued, ensure_ascii=False)}"
 
 
 @pytest.mark.parametrize("width", WIDTHS)
