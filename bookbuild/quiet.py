@@ -77,6 +77,6 @@ def calibration_text(stem: str, calibrations: dict) -> str:
         return "存下的参考输出里没有校准行"
     cpu, ms = calibrations[stem]
     quiet = quiet_figures(calibrations)[cpu]
-    busy = "，当时机器忙，计时不可信" if ms > FACTOR * quiet else ""
+    busy = f"，超过 {FACTOR:g} 倍：当时机器忙，计时不可信" if ms > FACTOR * quiet else ""
     return (f"存参考输出时训练一步 {ms:.0f} ms，是这台 CPU 最快一次（{quiet:.0f} ms）的 {ms / quiet:.1f} 倍"
             f"{busy}")

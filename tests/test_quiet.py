@@ -34,7 +34,7 @@ def test_the_quiet_figure_is_the_fastest_page_of_the_same_cpu():
     assert quiet.quiet_figures(pages) == {"X，2 核": 150.0, "X，4 核": 90.0, "Y，2 核": 400.0}
     assert quiet.ratios(pages) == {"a": 1.0, "b": 2.0, "c": 1.0, "d": 1.0}
     assert quiet.calibration_text("a", pages) == "存参考输出时训练一步 150 ms，是这台 CPU 最快一次（150 ms）的 1.0 倍"
-    assert quiet.calibration_text("b", pages).endswith("的 2.0 倍，当时机器忙，计时不可信")
+    assert quiet.calibration_text("b", pages).endswith("的 2.0 倍，超过 1.5 倍：当时机器忙，计时不可信")
     assert quiet.calibration_text("e", pages) == "存下的参考输出里没有校准行"
     assert quiet.cpu_of({"CPU": "X", "CPU cores": "2"}) == "X，2 核" and quiet.cpu_of({}) is None
 
