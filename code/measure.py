@@ -120,16 +120,21 @@ def compare(a_s: list, b_s: list, work_a: float = 1.0, work_b: float = 1.0, leas
     return {"ratio": ratio, "noise": noise, "bound": bound, "samples": samples, "verdict": verdict}
 
 
+def bound_text(c: dict) -> str:
+    """compare()'s bound for this pair, in Chinese: '这一对两倍的计时噪声（±12%）' (the larger spread of the two)."""
+    return f"这一对两倍的计时噪声（±{200 * c['noise']:.0f}%）"
+
+
 def compare_clause(c: dict, than: str) -> str:
-    """compare()'s verdict as one clause of a Chinese sentence: faster, slower, or cannot tell (and why)."""
+    """compare()'s verdict as one clause of a Chinese sentence: faster, slower, or cannot tell (and why),
+    always with the pair's own bound (bound_text), so the verdict can be checked against the numbers beside it."""
     if c["verdict"] == "faster":
-        return f"比{than}快了 {100 * (c['ratio'] - 1):.0f}%"
+        return f"比{than}快了 {100 * (c['ratio'] - 1):.0f}%，超出了{bound_text(c)}"
     if c["verdict"] == "slower":
-        return f"比{than}慢，吞吐只有它的 {100 * c['ratio']:.0f}%"
+        return f"比{than}慢，吞吐只有它的 {100 * c['ratio']:.0f}%，差别超出了{bound_text(c)}"
     if c["samples"] < LEAST_SAMPLES:
         return f"和{than}分不出快慢：只量了 {c['samples']} 步，量不出噪声"
-    return (f"和{than}分不出快慢：差别 {100 * (c['ratio'] - 1):+.0f}% 在两倍的计时噪声"
-            f"（±{200 * c['noise']:.0f}%）之内")
+    return f"和{than}分不出快慢：差别 {100 * (c['ratio'] - 1):+.0f}% 在{bound_text(c)}之内"
 
 
 def fit_calls(budget_s: float, call_s: float, most: int, least: int = 1) -> int:
