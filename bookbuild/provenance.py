@@ -6,8 +6,8 @@ what machine (the chapter's own experiment record, the `print_record()` cell at 
 chapter with cells tagged `cuda`, whether those show a GPU run and which, and the record's tightest
 asserts on measured values; and, for the reference outputs stored in the repository (the .ipynb the
 tests compare against), how fast a training step ran when they were made against this CPU's quiet figure
-(quiet.py), so a reader sees which pages were made on a busy machine. All of it is said for a reader, in plain Chinese (row_cells; no tool or
-cache names: "taken from the cache" reads 沿用, nbval reads 运行本书的测试).
+(quiet.py), so a reader sees which pages were made on a busy machine. All of it is said for a reader,
+in plain Chinese (row_cells; no tool or cache names: "taken from the cache" reads 沿用, nbval reads 运行本书的测试).
 
 The page holds the directive
     ```{provenance-table}

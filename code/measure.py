@@ -120,21 +120,25 @@ def compare(a_s: list, b_s: list, work_a: float = 1.0, work_b: float = 1.0, leas
     return {"ratio": ratio, "noise": noise, "bound": bound, "samples": samples, "verdict": verdict}
 
 
-def bound_text(c: dict) -> str:
-    """compare()'s bound for this pair, in Chinese: '这一对两倍的计时噪声（±12%）' (the larger spread of the two)."""
-    return f"这一对两倍的计时噪声（±{200 * c['noise']:.0f}%）"
+def bound_clause(c: dict) -> str:
+    """Where compare()'s difference stands against this pair's own bound, in Chinese: '超出了这一对两倍的
+    计时噪声（±12%）', '在这一对两倍的计时噪声（±12%）之内', or why there is no bound."""
+    bound = f"这一对两倍的计时噪声（±{200 * c['noise']:.0f}%）"
+    if c["verdict"] != "unclear":
+        return f"超出了{bound}"
+    return f"只量了 {c['samples']} 步，量不出噪声" if c["samples"] < LEAST_SAMPLES else f"在{bound}之内"
 
 
 def compare_clause(c: dict, than: str) -> str:
     """compare()'s verdict as one clause of a Chinese sentence: faster, slower, or cannot tell (and why),
-    always with the pair's own bound (bound_text), so the verdict can be checked against the numbers beside it."""
+    always with the pair's own bound (bound_clause), so the verdict can be checked against the numbers beside it."""
     if c["verdict"] == "faster":
-        return f"比{than}快了 {100 * (c['ratio'] - 1):.0f}%，超出了{bound_text(c)}"
+        return f"比{than}快了 {100 * (c['ratio'] - 1):.0f}%，{bound_clause(c)}"
     if c["verdict"] == "slower":
-        return f"比{than}慢，吞吐只有它的 {100 * c['ratio']:.0f}%，差别超出了{bound_text(c)}"
+        return f"比{than}慢，吞吐只有它的 {100 * c['ratio']:.0f}%，差别{bound_clause(c)}"
     if c["samples"] < LEAST_SAMPLES:
-        return f"和{than}分不出快慢：只量了 {c['samples']} 步，量不出噪声"
-    return f"和{than}分不出快慢：差别 {100 * (c['ratio'] - 1):+.0f}% 在{bound_text(c)}之内"
+        return f"和{than}分不出快慢：{bound_clause(c)}"
+    return f"和{than}分不出快慢：差别 {100 * (c['ratio'] - 1):+.0f}% {bound_clause(c)}"
 
 
 def fit_calls(budget_s: float, call_s: float, most: int, least: int = 1) -> int:
