@@ -246,6 +246,21 @@ def matmul_peak(dtype=torch.float32, **kw) -> float:
 BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86's AVX-512 BF16 and AMX, Arm's BF16 extension
 
 
+# A bf16 matmul this many times slower than fp32's is a software fallback. On this book's Xeon (512², on a busy
+# machine) oneDNN capped at AVX2, with no bf16 instructions to use, did bf16 at under 1 GFLOPS, 18× or more below
+# fp32; capped at AVX512_CORE_BF16 (bf16 instructions, no AMX) it was within 2× of fp32.
+SOFTWARE_BF16 = 5
+
+
+def timing_groups(names, fp32_flops_s: float, bf16_flops_s: float) -> list:
+    """The groups in which chapter 2 times its configurations: all of them interleaved in one time_steps, unless
+    bf16 is a software fallback (its matmul SOFTWARE_BF16 times slower than fp32's or more). Then the fp32 ones
+    go first and the bf16 ones get the budget left, or two bf16 steps of seconds would take the whole budget."""
+    if bf16_flops_s * SOFTWARE_BF16 > fp32_flops_s:
+        return [list(names)]
+    return [[n for n in names if "fp32" in n], [n for n in names if "bf16" in n]]
+
+
 def has_bf16_instructions(flags: set | None = None) -> bool:
     """Whether the CPU has bf16 matrix instructions at all: without them a bf16 matmul is a slow
     software fallback (10-25x fp32 on an AVX2 CPU), whatever one timing says."""

@@ -389,6 +389,15 @@ def test_compare_clause_states_the_pairs_own_bound_for_every_verdict():
     assert measure.compare_clause(measure.compare([1.0], [0.1]), "a") == "和a分不出快慢：只量了 1 步，量不出噪声"
 
 
+def test_chapter_2_interleaves_all_configurations_unless_bf16_is_a_software_fallback():
+    names = ["fp32 eager", "bf16 eager", "fp32 compile", "bf16 compile", "fp32 matmul", "bf16 matmul"]
+    assert measure.timing_groups(names, 300e9, 1000e9) == [names]  # AMX: bf16 faster
+    assert measure.timing_groups(names, 300e9, 150e9) == [names]  # bf16 instructions without AMX: half as fast
+    assert measure.timing_groups(names, 300e9, 300e9 / measure.SOFTWARE_BF16 * 1.01) == [names]
+    assert measure.timing_groups(names, 300e9, 0.9e9) == [  # no bf16 instructions: under 1 GFLOPS
+        ["fp32 eager", "fp32 compile", "fp32 matmul"], ["bf16 eager", "bf16 compile", "bf16 matmul"]]
+
+
 def test_bf16_instructions_usable_follows_the_flags_and_onednns_cap():
     flags = {"avx512f", "avx512_bf16"}
     assert measure.bf16_instructions_usable(flags, {})
