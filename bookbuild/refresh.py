@@ -9,7 +9,9 @@ Run it after editing a chapter's .md (or code/ it imports); nbval then checks th
 It stores a page only if the machine was quiet while the page ran: a training step (the calibration) timed
 before and after the page, and the page's own calibration line, each at most quiet.FACTOR times this CPU's
 quiet figure (bookbuild/quiet.py); otherwise it says so in one sentence, stores nothing and exits 1. There
-is no flag to store a busy page anyway: tests/test_quiet.py fails on it all the same.
+is no flag to store a busy page anyway: tests/test_quiet.py fails on it all the same. A quiet machine that is
+just slower than the one whose pages are stored (the same CPU name and cores) refreshes every page of that CPU
+in one run: the pages being refreshed do not count towards the quiet figure, so its own calibration sets it.
 The cells tagged `cuda` do not run (their `skip-execution` tag), and keep the outputs a GPU run stored
 for them (bookbuild/gpu_run.py) as long as their code is unchanged.
 """
@@ -68,7 +70,8 @@ class Gauge:
             script_arguments().refuse(
                 f"{lead}: the machine was busy {when}: a training step took {busiest:.0f} ms, "
                 f"{busiest / self.quiet_ms:.1f} times this CPU's quiet {self.quiet_ms:.0f} ms (the limit is "
-                f"{quiet.FACTOR}×), so stop what else is running and refresh it again")
+                f"{quiet.FACTOR}×), so stop what else is running and refresh it again (on a slower machine, every "
+                f"page of this CPU together)")
         self.quiet_ms = min([self.quiet_ms, *calibrations_ms])
 
 
