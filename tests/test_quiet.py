@@ -9,6 +9,8 @@ import pytest
 from bookbuild import book, quiet, refresh
 
 sys.path.insert(0, str(book.REPO / "code"))
+from test_refresh import CHAPTER as MARKDOWN_CHAPTER  # noqa: E402  (its front matter)
+
 import record  # noqa: E402  (code/: this CPU's name as a page's record states it)
 
 
@@ -39,18 +41,7 @@ def test_the_quiet_figure_is_the_fastest_page_of_the_same_cpu():
     assert quiet.cpu_of({"CPU": "X", "CPU cores": "2"}) == "X，2 核" and quiet.cpu_of({}) is None
 
 
-CHAPTER = """---
-jupytext:
-  text_representation:
-    extension: .md
-    format_name: myst
-kernelspec:
-  display_name: Python 3
-  language: python
-  name: python3
----
-
-# A page
+CHAPTER = MARKDOWN_CHAPTER[:MARKDOWN_CHAPTER.index("# A page")] + """# A page
 
 ```{code-cell} ipython3
 print("calibration: one training step takes MS ms here; no stored run of 09_x to scale")
