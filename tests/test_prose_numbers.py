@@ -62,4 +62,5 @@ def test_the_rule_reads_a_change_in_one_clause():
 @pytest.mark.parametrize("md", book.chapters(), ids=lambda p: p.stem)
 def test_a_stored_page_says_a_number_fell_only_when_it_did(md):
     nb = nbformat.read(md.with_suffix(".ipynb"), as_version=4)
-    assert not wrong_changes(rendered_prose(nb)), f"{md.stem}: {wrong_changes(rendered_prose(nb))}"
+    wrong = wrong_changes(rendered_prose(nb))
+    assert not wrong, f"{md.stem} says a number fell (rose) where it rose (fell): {wrong}"
