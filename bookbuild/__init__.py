@@ -22,7 +22,11 @@ What lives where:
 - nbval_hooks.py the pytest hook that chapters/conftest.py imports: hand each chapter that passed
                  nbval to the execution cache.
 - build.py       the book build (`python -m bookbuild.build`).
-- refresh.py     the reference-output refresh (`python -m bookbuild.refresh`).
+- refresh.py     the reference-output refresh (`python -m bookbuild.refresh`); it stores a page only
+                 when the machine was quiet while it ran (quiet.py).
+- quiet.py       how busy the machine was when each stored page was made: its calibration line against
+                 its CPU's quiet figure (the fastest stored page of that CPU), the limit FACTOR, and the
+                 provenance page's sentence; tests/test_quiet.py fails on a page made above the limit.
 - gpu_run.py     the GPU run (`python -m bookbuild.gpu_run`): on a machine with CUDA, execute the
                  cuda cells and store their outputs, labelled, in the chapter's .ipynb.
 - portability.py the portability run (`python -m bookbuild.portability`): what each kernel configuration

@@ -4,8 +4,10 @@ For each chapter: how its outputs were produced (executed by this build, or take
 cache, where an earlier build or nbval put them), when (the cache record's time), how long it took, on
 what machine (the chapter's own experiment record, the `print_record()` cell at its end), for a
 chapter with cells tagged `cuda`, whether those show a GPU run and which, and the record's tightest
-asserts on measured values. All of it is said for a reader, in plain Chinese (row_cells; no tool or
-cache names: "taken from the cache" reads 沿用, nbval reads 运行本书的测试).
+asserts on measured values; and, for the reference outputs stored in the repository (the .ipynb the
+tests compare against), how fast a training step ran when they were made against this CPU's quiet figure
+(quiet.py), so a reader sees which pages were made on a busy machine. All of it is said for a reader,
+in plain Chinese (row_cells; no tool or cache names: "taken from the cache" reads 沿用, nbval reads 运行本书的测试).
 
 The page holds the directive
     ```{provenance-table}
@@ -28,7 +30,7 @@ import sys
 from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
 
-from . import book, cache, cuda
+from . import book, cache, cuda, quiet
 
 FLAG = "has_provenance_table"  # set in myst-nb's per-document metadata, which handles purge and merge
 RECORD_CALL = "print_record()"  # the last line of a chapter's last cell: code/measure.py prints "key: value" lines
@@ -156,10 +158,11 @@ def row_cells(row: dict) -> list:
     when = row["when"] or "没有执行"
     took = "用时没有记录" if row["seconds"] is None else f"用了 {duration_text(row['seconds'])}"
     commit = f"；代码提交 {row['commit']}" if row["commit"] else ""
-    return [row["how_text"], f"{when}，{took}", row["machine"] + commit, row["margins"]]
+    return [row["how_text"], f"{when}，{took}", row["machine"] + commit, row["margins"], row["reference"]]
 
 
-ROW_HEADER = ["章", "页面上的输出从哪来", "何时执行、用了多久", "在哪台机器上、哪个代码提交", "离界限最近的断言"]
+ROW_HEADER = ["章", "页面上的输出从哪来", "何时执行、用了多久", "在哪台机器上、哪个代码提交", "离界限最近的断言",
+              "仓库里的参考输出存下时机器多忙"]
 
 
 def duration_text(seconds: float) -> str:
@@ -219,6 +222,7 @@ def chapter_rows(env, build_started: datetime.datetime) -> tuple[list[dict], dic
 
     store = get_cache(str(cache.CACHE))  # read only: bookbuild.cache.execution_cache may empty it
     machine = build_machine()
+    calibrations = quiet.stored_calibrations()  # the reference outputs' own calibration lines
     rows = []
     for md in book.chapters():
         docname = book.docname(md)
@@ -249,6 +253,7 @@ def chapter_rows(env, build_started: datetime.datetime) -> tuple[list[dict], dic
             "machine": machine_text(record, machine),
             "how_text": how_text(how, has_cuda_cells, stored),
             "margins": margins_text(record.get("margins")),  # measure.check's tightest asserts, said in Chinese
+            "reference": quiet.calibration_text(md.stem, calibrations),
             "run": {"how": how, "seconds": seconds, "record": record},  # for the chapter page's own sentence
         })
     return rows, machine

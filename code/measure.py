@@ -120,16 +120,25 @@ def compare(a_s: list, b_s: list, work_a: float = 1.0, work_b: float = 1.0, leas
     return {"ratio": ratio, "noise": noise, "bound": bound, "samples": samples, "verdict": verdict}
 
 
+def bound_clause(c: dict) -> str:
+    """Where compare()'s difference stands against this pair's own bound, in Chinese: '超出了这一对两倍的
+    计时噪声（±12%）', '在这一对两倍的计时噪声（±12%）之内', or why there is no bound."""
+    bound = f"这一对两倍的计时噪声（±{200 * c['noise']:.0f}%）"
+    if c["verdict"] != "unclear":
+        return f"超出了{bound}"
+    return f"只量了 {c['samples']} 步，量不出噪声" if c["samples"] < LEAST_SAMPLES else f"在{bound}之内"
+
+
 def compare_clause(c: dict, than: str) -> str:
-    """compare()'s verdict as one clause of a Chinese sentence: faster, slower, or cannot tell (and why)."""
+    """compare()'s verdict as one clause of a Chinese sentence: faster, slower, or cannot tell (and why),
+    always with the pair's own bound (bound_clause), so the verdict can be checked against the numbers beside it."""
     if c["verdict"] == "faster":
-        return f"比{than}快了 {100 * (c['ratio'] - 1):.0f}%"
+        return f"比{than}快了 {100 * (c['ratio'] - 1):.0f}%，{bound_clause(c)}"
     if c["verdict"] == "slower":
-        return f"比{than}慢，吞吐只有它的 {100 * c['ratio']:.0f}%"
+        return f"比{than}慢，吞吐只有它的 {100 * c['ratio']:.0f}%，差别{bound_clause(c)}"
     if c["samples"] < LEAST_SAMPLES:
-        return f"和{than}分不出快慢：只量了 {c['samples']} 步，量不出噪声"
-    return (f"和{than}分不出快慢：差别 {100 * (c['ratio'] - 1):+.0f}% 在两倍的计时噪声"
-            f"（±{200 * c['noise']:.0f}%）之内")
+        return f"和{than}分不出快慢：{bound_clause(c)}"
+    return f"和{than}分不出快慢：差别 {100 * (c['ratio'] - 1):+.0f}% {bound_clause(c)}"
 
 
 def fit_calls(budget_s: float, call_s: float, most: int, least: int = 1) -> int:
@@ -235,6 +244,21 @@ def matmul_peak(dtype=torch.float32, **kw) -> float:
 
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86's AVX-512 BF16 and AMX, Arm's BF16 extension
+
+
+# A bf16 matmul this many times slower than fp32's is a software fallback. On this book's Xeon (512², on a busy
+# machine) oneDNN capped at AVX2, with no bf16 instructions to use, did bf16 at under 1 GFLOPS, 18× or more below
+# fp32; capped at AVX512_CORE_BF16 (bf16 instructions, no AMX) it was within 2× of fp32.
+SOFTWARE_BF16 = 5
+
+
+def timing_groups(names, fp32_flops_s: float, bf16_flops_s: float) -> list:
+    """The groups in which chapter 2 times its configurations: all of them interleaved in one time_steps, unless
+    bf16 is a software fallback (its matmul SOFTWARE_BF16 times slower than fp32's or more). Then the fp32 ones
+    go first and the bf16 ones get the budget left, or two bf16 steps of seconds would take the whole budget."""
+    if bf16_flops_s * SOFTWARE_BF16 > fp32_flops_s:
+        return [list(names)]
+    return [[n for n in names if "fp32" in n], [n for n in names if "bf16" in n]]
 
 
 def has_bf16_instructions(flags: set | None = None) -> bool:

@@ -403,6 +403,26 @@ def test_compare_says_faster_only_beyond_twice_the_spread_and_with_three_samples
     assert w["ratio"] == pytest.approx(4 / 3) and w["verdict"] == "faster"
 
 
+def test_compare_clause_states_the_pairs_own_bound_for_every_verdict():
+    # a reader checks each verdict against the numbers beside it: the bound printed is this pair's
+    a = [1.00, 1.02, 1.10]  # spread 2 %
+    said = {v: measure.compare_clause(measure.compare(a, b), "a") for v, b in
+            (("faster", [0.90, 0.91, 0.95]), ("slower", [1.20, 1.22, 1.30]), ("unclear", [0.90, 1.00, 1.20]))}
+    assert said["faster"] == "比a快了 11%，超出了这一对两倍的计时噪声（±4%）"
+    assert said["slower"] == "比a慢，吞吐只有它的 83%，差别超出了这一对两倍的计时噪声（±4%）"
+    assert said["unclear"] == "和a分不出快慢：差别 +11% 在这一对两倍的计时噪声（±22%）之内"
+    assert measure.compare_clause(measure.compare([1.0], [0.1]), "a") == "和a分不出快慢：只量了 1 步，量不出噪声"
+
+
+def test_chapter_2_interleaves_all_configurations_unless_bf16_is_a_software_fallback():
+    names = ["fp32 eager", "bf16 eager", "fp32 compile", "bf16 compile", "fp32 matmul", "bf16 matmul"]
+    assert measure.timing_groups(names, 300e9, 1000e9) == [names]  # AMX: bf16 faster
+    assert measure.timing_groups(names, 300e9, 150e9) == [names]  # bf16 instructions without AMX: half as fast
+    assert measure.timing_groups(names, 300e9, 300e9 / measure.SOFTWARE_BF16 * 1.01) == [names]
+    assert measure.timing_groups(names, 300e9, 0.9e9) == [  # no bf16 instructions: under 1 GFLOPS
+        ["fp32 eager", "fp32 compile", "fp32 matmul"], ["bf16 eager", "bf16 compile", "bf16 matmul"]]
+
+
 def test_bf16_instructions_usable_follows_the_flags_and_onednns_cap():
     flags = {"avx512f", "avx512_bf16"}
     assert measure.bf16_instructions_usable(flags, {})

@@ -53,11 +53,22 @@ def search_in_page(page, words) -> dict:
     return {word: docnames[::-1] for word, docnames in page.evaluate(SEARCH_JS, words)}
 
 
+# Sphinx's searchtools.js lists the hits one by one (_displayNextItem, a 5 ms timer apart) and fetches each hit's
+# page for its excerpt (_displayItem's fetch); the summary line is written when the last hit is listed, not when
+# the pages arrive. A hit's excerpt, and with it the section its link opens at (bookbuild/search.py sets
+# data-section as it makes the excerpt), comes later, on a loaded machine after the summary line.
+SEARCHED_JS = """() => {
+  const summary = document.querySelector('#search-results p.search-summary');
+  if (!summary || !summary.innerText.trim()) return false;
+  return [...document.querySelectorAll('#search-results ul.search li')]
+    .every(li => li.querySelector('p.context') || li.querySelector(':scope > span'));
+}"""
+
+
 def wait_until_searched(page):
-    """The search is done, every hit listed with its summary, when its summary line says how many pages it
-    found (or none)."""
-    page.wait_for_function("() => { const s = document.querySelector('#search-results p.search-summary');"
-                           " return s && s.innerText.trim().length > 0; }", timeout=30_000)
+    """The search is done: its summary line says how many pages it found (or none), and every hit listed
+    has its excerpt (p.context; a hit with a description, which Sphinx fetches nothing for, its span)."""
+    page.wait_for_function(SEARCHED_JS, timeout=30_000)
 
 
 def read_in_page(browser, href, js, arg):
@@ -181,6 +192,26 @@ def test_a_hit_opens_at_the_section_that_holds_the_word(site, browser, word):
                             anchor)
         assert word in text, f"{word!r}: section #{anchor} of {with_section[0]} does not hold it"
         assert not errors, f"console errors: {errors}"
+    finally:
+        page.close()
+
+
+# Every page the search fetches for a hit's excerpt arrives a second late: the load that once listed 2 of 7 hits
+# of 验证集 with a section, made on purpose.
+LATE_FETCH_JS = """const fetched = window.fetch;
+window.fetch = (...args) => new Promise((done) => setTimeout(done, 1000)).then(() => fetched(...args));"""
+
+
+def test_the_wait_outlasts_hit_pages_that_arrive_after_the_summary_line(site, browser):
+    page = browser.new_page()
+    try:
+        page.add_init_script(LATE_FETCH_JS)
+        goto_ready(page, f"{site}/search.html?q={quote(SECTION_WORDS[2])}")
+        wait_until_searched(page)
+        hits = page.eval_on_selector_all("#search-results ul.search li", "lis => lis.map(li => [!!li.querySelector("
+                                         "'p.context'), li.querySelector('a').dataset.section || ''])")
+        assert hits and all(excerpt for excerpt, _ in hits), f"hits listed without their excerpt: {hits}"
+        assert sum(bool(section) for _, section in hits) >= len(hits) / 2, f"hits without a section: {hits}"
     finally:
         page.close()
 
