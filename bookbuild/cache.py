@@ -121,7 +121,7 @@ def check_executions(keys_before: dict) -> list[str]:
             continue  # execution_cache() left only stamped records before the build
         md = Path(record.uri)
         log = READS / f"{md.stem}.log"
-        failure = (f"{md.relative_to(REPO).as_posix()} was executed without the run-time trace of what it loads"
+        failure = (f"{reads.shown(md)} was executed without the run-time trace of what it loads"
                    if not log.is_file() else reads.unseen_message(md, reads.unseen(md, log)))
         if failure:
             failures.append(failure)

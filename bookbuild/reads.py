@@ -45,9 +45,14 @@ def _code_cells(md: Path, mtime_ns: int) -> tuple:
     return tuple(c.source for c in as_the_build_reads(md).cells if c.cell_type == "code")
 
 
+_RUNS_CODE = re.compile(r"(\s*)%{1,2}(?:time|timeit|prun)\b(?:\s+-\S+)*\s*")  # magics whose rest is Python
+
+
 def _python(source: str) -> str:
-    """A cell's source with IPython's magics and shell lines commented out, so that ast can read it."""
-    return "\n".join("#" + line if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+    """A cell's source as ast can read it: `%time import a` is `import a`, other magics and shell lines
+    are comments."""
+    lines = [_RUNS_CODE.sub(r"\1", line, count=1) if _RUNS_CODE.match(line) else line for line in source.splitlines()]
+    return "\n".join("#" + line if line.lstrip().startswith(("%", "!")) else line for line in lines)
 
 
 def named(text: str, code: Path = CODE, data: Path = DATA) -> tuple[set, set]:
@@ -138,11 +143,16 @@ def unseen(md: Path, log: Path) -> list[str]:
     return sorted(loaded(log) - set(page_files(md)))
 
 
+def shown(md: Path) -> str:
+    """A page's path as a message names it: from the repository root when it is in the book."""
+    return md.relative_to(REPO).as_posix() if md.is_relative_to(REPO) else str(md)
+
+
 def unseen_message(md: Path, files: list[str]) -> str:
     """Why the build fails on a page that loaded `files` outside its key ('' when there are none)."""
     if not files:
         return ""
-    return (f"{md.relative_to(REPO).as_posix()} loaded {', '.join(files)}, which its cache key does not cover "
+    return (f"{shown(md)} loaded {', '.join(files)}, which its cache key does not cover "
             f"(bookbuild/reads.py's static reading missed {'it' if len(files) == 1 else 'them'}): "
             f"import it by name, or name the file in a string, so that a change to it re-executes the page")
 
