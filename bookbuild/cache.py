@@ -14,13 +14,13 @@ chapter's code cells as the build reads them, and its page key). So `pytest` fol
 executes each chapter once, and the book shows the very outputs the tests checked. nbval itself skips a
 page whose key, reference outputs and sanitizer are those of a run that passed when BOOK_NBVAL_CHANGED_ONLY=1.
 
-    python -m bookbuild.cache --map     # the page-to-files map the static reading gives
+    python -m bookbuild.cache --map     # the page-to-files map the static reading gives, and what the
+                                        # last traced run of each page loaded (the run-time check)
 """
 import copy
 import hashlib
 import json
 import os
-import shutil
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -98,8 +98,8 @@ def execution_cache(keys: dict | None = None):
         if stamps.get(str(record.pk)) != by_uri.get(record.uri) or record.uri not in by_uri:
             store.remove_cache(record.pk)
             stamps.pop(str(record.pk), None)
-    save(CACHE_KEYS, {pk: k for pk, k in stamps.items()
-                       if int(pk) in {r.pk for r in store.list_cache_records()}})
+    kept = {str(r.pk) for r in store.list_cache_records()}
+    save(CACHE_KEYS, {pk: k for pk, k in stamps.items() if pk in kept})
     return store
 
 
@@ -120,12 +120,10 @@ def check_executions(keys_before: dict) -> list[str]:
         if str(record.pk) in stamps:
             continue  # execution_cache() left only stamped records before the build
         md = Path(record.uri)
-        log = READS / f"{md.stem}.log"
-        failure = (f"{reads.shown(md)} was executed without the run-time trace of what it loads"
-                   if not log.is_file() else reads.unseen_message(md, reads.unseen(md, log)))
+        failure = reads.verdict(md, READS / f"{md.stem}.log") if md in keys_before else ""
         if failure:
             failures.append(failure)
-        if failure or page_key(md) != keys_before.get(md):
+        if failure or md not in keys_before or page_key(md) != keys_before[md]:
             store.remove_cache(record.pk)
         else:
             stamp(record.pk, keys_before[md])
@@ -137,8 +135,7 @@ def run_jupyter_book(cmd: list, keys: dict, reread=()) -> int:
     again, each page executed is traced, and the build fails (non-zero) when one loaded a file outside
     its key (check_executions)."""
     import subprocess
-    execution_cache(keys)
-    shutil.rmtree(READS, ignore_errors=True)
+    execution_cache(keys)  # each page read starts its log afresh (reads.traced_env); nbval's logs stay
     env = {**os.environ, reads.REREAD_VAR: "\n".join(reread), reads.TRACE_DIR_VAR: str(READS)}
     rc = subprocess.run(cmd, cwd=REPO, env=env).returncode
     failures = check_executions(keys)
@@ -202,10 +199,11 @@ def nbval_passed(md: Path) -> bool:
 
 def main(argv=None) -> int:
     ap = script_arguments().Parser(prog="python -m bookbuild.cache", description="The execution cache's page keys.")
-    ap.add_argument("--map", action="store_true", help="print the files each page's key covers (the static reading)")
+    ap.add_argument("--map", action="store_true", help="print the files each page's key covers (the static "
+                    "reading) and, for each page traced since, what it loaded")
     args = ap.parse_args(argv)
     if args.map:
-        reads.print_map()
+        reads.print_map(READS)
     return 0
 
 

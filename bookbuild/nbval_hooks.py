@@ -93,10 +93,10 @@ def pytest_runtest_makereport(item, call):
     n_code = sum(c.cell_type == "code" for c in run["nb"].cells)
     if not run.get("done") and not run["failed"] and len(run["outputs"]) == n_code and md.is_file():
         run["done"] = True  # the chapter's last cell: check what it loaded, then cache it, before the browser tests
-        unseen = reads.unseen(md, cache.READS / f"{md.stem}.log")
-        if unseen:
+        failure = reads.verdict(md, cache.READS / f"{md.stem}.log")
+        if failure:
             run["failed"] = True
-            report.outcome, report.longrepr = "failed", reads.unseen_message(md, unseen)
+            report.outcome, report.longrepr = "failed", failure
             cache.record_nbval(md, None)
         else:
             _hand_to_the_build(md, run)

@@ -148,8 +148,12 @@ def shown(md: Path) -> str:
     return md.relative_to(REPO).as_posix() if md.is_relative_to(REPO) else str(md)
 
 
-def unseen_message(md: Path, files: list[str]) -> str:
-    """Why the build fails on a page that loaded `files` outside its key ('' when there are none)."""
+def verdict(md: Path, log: Path) -> str:
+    """Why a page's execution cannot be kept ('' when it can): it loaded files outside its key, or it
+    left no trace (the kernel was not started under traced_env, so nothing can vouch for its key)."""
+    if not log.is_file():
+        return f"{shown(md)} was executed without the run-time trace of what it loads ({LOG_VAR} unset)"
+    files = unseen(md, log)
     if not files:
         return ""
     return (f"{shown(md)} loaded {', '.join(files)}, which its cache key does not cover "
@@ -157,15 +161,20 @@ def unseen_message(md: Path, files: list[str]) -> str:
             f"import it by name, or name the file in a string, so that a change to it re-executes the page")
 
 
-def print_map() -> None:
-    """The page-to-files map (python -m bookbuild.cache --map)."""
+def print_map(traced: Path | None = None) -> None:
+    """The page-to-files map (python -m bookbuild.cache --map); with `traced`, the folder of the last
+    traced runs' logs, what each page was seen to load and whether it all lies inside its key."""
     for md in chapters():
         files = page_files(md)
         code = [f.removeprefix("code/") for f in files if f.startswith("code/")]
         other = [f for f in files if not f.startswith("code/")]
         print(f"{md.stem:18s} {len(code):2d} code/: {' '.join(code)}")
         print(f"{'':18s}    and: {' '.join(other)}, {RUN_TIMES}[{md.stem}]")
-
+        log = traced / f"{md.stem}.log" if traced else None
+        if log is not None and log.is_file():
+            seen = sorted(f.removeprefix("code/") for f in loaded(log) if f.startswith("code/"))
+            print(f"{'':18s} traced: {len(seen)} code/ files loaded ({' '.join(seen)}): "
+                  + (verdict(md, log) or "all inside the key"))
 
 
 # ---- in a build (sphinx_ext.py connects these) ----

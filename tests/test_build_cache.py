@@ -147,7 +147,8 @@ def test_the_trace_sees_a_dynamic_import_in_a_child_process_and_a_page_fails_on_
     traced_python(log, "\n".join(reads.code_cells(md)), cwd=tmp_path)
     assert {"code/shapes.py", "code/gpus.py"} <= reads.loaded(log)
     assert reads.unseen(md, log) == ["code/gpus.py"]  # not in the static reading: the page fails on it
-    assert "code/gpus.py" in reads.unseen_message(md, reads.unseen(md, log))
+    assert "loaded code/gpus.py, which its cache key does not cover" in reads.verdict(md, log)
+    assert "without the run-time trace" in reads.verdict(md, tmp_path / "no.log")
 
 
 def test_a_reader_running_a_page_is_not_traced(tmp_path):
