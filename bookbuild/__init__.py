@@ -17,10 +17,16 @@ What lives where:
 - cuda.py        the cuda-cell rule: cells tagged `cuda` also carry `skip-execution` and
                  `nbval-skip`, so the build, the refresh and nbval never execute them; the GPU run a
                  chapter's .ipynb may store for them, and how the page shows it.
-- cache.py       the build's inputs hash, the execution cache it keys, and the notebook a chapter's
-                 .md becomes in a build, with the outputs nbval produced for it.
-- nbval_hooks.py the pytest hook that chapters/conftest.py imports: hand each chapter that passed
-                 nbval to the execution cache.
+- cache.py       each page's key (its inputs, as reads.py finds them), the execution cache it keys (an
+                 execution is dropped only when its page's key changed), the notebook a chapter's .md
+                 becomes in a build, with the outputs nbval produced for it; nbval's record of passes
+                 (`python -m bookbuild.cache --map`: the page-to-files map).
+- reads.py       what a page's execution can read: statically, the code/ modules it imports (to the end),
+                 the scripts it starts and the data files; at run time, trace/sitecustomize.py's log of
+                 what its kernel and the kernel's processes loaded, which must lie inside the key.
+- nbval_hooks.py the pytest hooks that chapters/conftest.py imports: trace each chapter's kernel and check
+                 what it loaded, hand each chapter that passed nbval to the execution cache, and with
+                 BOOK_NBVAL_CHANGED_ONLY=1 leave out the chapters unchanged since a run that passed.
 - build.py       the book build (`python -m bookbuild.build`).
 - refresh.py     the reference-output refresh (`python -m bookbuild.refresh`); it stores a page only
                  when the machine was quiet while it ran (quiet.py).

@@ -7,10 +7,10 @@ tests/test_train_gpu.py holds the docstring's copy list equal to these files and
 MAX_FILES files and MAX_LINES lines. A module the chapters use that train_gpu.py does not import (memory.py,
 train.py, measure.py) is not copied, however it imports the modules that are.
 """
-import ast
 from pathlib import Path
 
 from .book import REPO
+from .reads import named
 
 CODE = REPO / "code"
 MAX_FILES = 10
@@ -26,10 +26,7 @@ def closure(entry: str = "train_gpu", code: Path = CODE) -> dict:
             continue
         text = (code / f"{name}.py").read_text(encoding="utf-8")
         seen[f"{name}.py"] = len(text.splitlines())
-        for node in ast.walk(ast.parse(text)):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if (
-                isinstance(node, ast.ImportFrom) and node.module and not node.level) else []
-            todo += [n for n in names if (code / f"{n}.py").is_file()]
+        todo += sorted(named(text, code)[0])  # the modules of code/ it imports
     return seen
 
 

@@ -32,7 +32,7 @@ from docutils import nodes
 from sphinx.transforms.post_transforms import SphinxPostTransform
 
 from . import book
-from .cache import BUILD, execution_cache, inputs_hash
+from .cache import BUILD, execution_cache, page_keys, run_jupyter_book
 
 NAME = "train-faster-larger"   # the PDF's file name, = latex.latex_documents.targetname in _config.yml
 LATEX = BUILD / "latex"         # where Jupyter Book's LaTeX builder writes the .tex
@@ -257,11 +257,12 @@ def main(argv=None) -> int:
                                        f"sudo apt-get install {' '.join(DEBIAN)}")
     book.warm_font_cache()
     t0 = time.perf_counter()
-    uncached = not_in_cache(execution_cache(inputs_hash()))
+    keys = page_keys()
+    uncached = not_in_cache(execution_cache(keys))
     if uncached:
         print(f"not in the execution cache, so executed now: {', '.join(md.name for md in uncached)}", flush=True)
     cmd = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(book.REPO), "--builder", "latex"]
-    rc = subprocess.run(cmd, cwd=book.REPO).returncode
+    rc = run_jupyter_book(cmd, keys)
     if rc:
         return rc
     log = LATEX / f"{NAME}.log"

@@ -6,6 +6,8 @@
 - A page loads with no console errors: sphinx-thebe adds its inline configuration script once per
   `env-before-read-docs`, which fires more than once in a Jupyter Book build; the second copy
   redeclares a `const` and throws in the browser. Keep the first of any identical scripts.
+- The pages whose execution-cache key changed are read again, and the kernel of each page executed
+  logs the files it loads (reads.py).
 - Chapter 12's calculator: the Pyodide runtime and budget.py's modules join the static files (pyodide.py).
 - The provenance page's table (provenance.py): how, when and where each chapter was executed; and on
   each chapter's first screen, a sentence saying how long it took to execute and on which CPU.
@@ -15,7 +17,7 @@
 - The PDF's LaTeX (pdf.py): fonts and Chinese labels, the web pages' figure numbers, and a sentence
   with a command where the web page has what a PDF cannot hold.
 """
-from . import pages, pdf, provenance, pyodide
+from . import pages, pdf, provenance, pyodide, reads
 from .cuda import show_stored_gpu_outputs
 from .search import use_book_search
 
@@ -41,6 +43,7 @@ def setup(app):
     app.connect("config-inited", use_book_search)  # the n-gram index, its query splitter and scorer
     pages.setup(app)  # quotation marks, figure numbers, the hidden cells' prompts
     app.connect("html-page-context", dedupe_scripts, priority=900)
+    reads.setup(app)  # re-read the pages whose key changed; trace what an executed page loads
     pyodide.setup(app)  # chapter 12's calculator: Pyodide and budget.py in _static
     provenance.setup(app)  # the provenance page's table, and each chapter's running time at its top
     pdf.setup(app)  # the PDF's LaTeX: preamble, figure numbers, what a PDF cannot hold
