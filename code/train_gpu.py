@@ -145,6 +145,7 @@ STOP_POLL_S = 10.0  # wall seconds between polls of the stop flag (plus every lo
 WARMUP_UNTIMED = 5  # a run's first steps compile and warm up: kept out of tokens/s, as nanoGPT does
 COLLECTIVE_WORDS = ("gloo", "NCCL", "Timed out", "timed out", "Connection closed")  # a failed collective's words
 DEFAULT_GLOBAL_BATCH_TOKENS = 2**19  # 524,288 tokens per step, GPT-3 Small's 0.5M
+NCCL_ERRORS_VAR = "TORCH_NCCL_ASYNC_ERROR_HANDLING"  # read by ProcessGroupNCCL when a group is created
 RESUME_SETTINGS = ("lr", "warmup", "min_lr_ratio", "weight_decay", "global_batch_tokens", "seed", "steps")
 
 
@@ -246,8 +247,7 @@ def main(argv=None):
     data = TokenSource(args.data, args.vocab_size, args.seq_len, args.tokenizer, ranks.rank, ranks.world)
     if ranks.rank == 0:
         checkpoint.remove_partial_saves(out, (RECORD_NAME,))
-    if device.type == "cuda":  # errors of a hung NCCL collective reach Python (see the docstring)
-        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+    nccl_error_handling()  # before any process group: NCCL reads it when a group is made
     joined = False
     RunLog.current = None  # the log of an earlier main() in this process (the tests) is not this run's
     try:
@@ -400,9 +400,11 @@ def finish(t: "Trainer", log: RunLog, ledger: float, tokenizer) -> None:
     if t.device.type == "cuda":
         peak_mib = torch.cuda.max_memory_allocated(t.device) / 2**20
         log(f"memory: peak allocated {peak_mib:,.0f} MiB, ledger {ledger:,.0f} MiB, ratio {peak_mib / ledger:.2f}")
-    checkpoint.export_weights(t.model, t.args.out, t.rank)
     if t.args.sample_tokens and (t.rank == 0 or t.sharded):  # a sharded forward needs every process
         log(sample_text(t.model if t.sharded else t.raw, tokenizer, t.args, t.device, lambda: autocast(t)))
+    # the last collective is the export's gather: then rank 0 writes model.pt alone while the others end,
+    # so no process waits on the write under --step-timeout-s, however slow --out is
+    checkpoint.export_weights(t.model, t.args.out, t.rank)
     log.end(0)
     log(f"done: {t.args.steps} steps; checkpoint in {CKPT_DIR}/, {EXPORT_NAME}, {RECORD_NAME} and {LOG_NAME} in --out")
 
@@ -513,6 +515,7 @@ def shard(model: GPT, args, device, precision: str) -> None:
     mesh = (init_device_mesh(device.type, (world // args.shard_size, args.shard_size),
                              mesh_dim_names=("replicate", "shard"))
             if args.shard == "hsdp" else init_device_mesh(device.type, (world,)))
+    set_timeouts(args.timeout_s)  # HSDP's replicate and shard groups, made with torch's default timeout
     dtype = DTYPES[precision]
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
     for block in model.blocks:
@@ -644,7 +647,27 @@ def shorten_timeout(t: Trainer) -> None:
     """After the first step (compilation) a collective may wait only --step-timeout-s."""
     if t.world > 1:
         dist.barrier()  # every process is past its first step before the shorter wait applies
-        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=step_timeout(t.args)))
+        set_timeouts(step_timeout(t.args))
+
+
+def set_timeouts(seconds: float) -> None:
+    """Every process group of this process waits `seconds` in a collective: the default group and the
+    ones a DeviceMesh makes for HSDP, which torch creates with its own default (10 min on NCCL, 30 on
+    gloo), as torchtitan's set_pg_timeouts does."""
+    c10d = dist.distributed_c10d
+    for group in list(c10d._world.pg_map):
+        if not c10d._rank_not_in_group(group):
+            c10d._set_pg_timeout(timedelta(seconds=seconds), group)
+
+
+def nccl_error_handling() -> str:
+    """TORCH_NCCL_ASYNC_ERROR_HANDLING=2 (CleanUpOnly: a timed-out collective aborts the communicator and
+    the error reaches Python) where it is unset or 1: torchrun writes 1 (TearDown: SIGABRT) into every
+    worker's environment when its own has none (elastic/agent/server/local_elastic_agent.py). Another
+    value exported by the user (0, 3) is kept. run.json records the value; it means nothing to gloo."""
+    if os.environ.get(NCCL_ERRORS_VAR) in (None, "1"):
+        os.environ[NCCL_ERRORS_VAR] = "2"
+    return os.environ[NCCL_ERRORS_VAR]
 
 
 def step_timeout(args) -> float:
