@@ -75,12 +75,14 @@ save a checkpoint, rank 0 records exit status 75 in OUT/run.json, and all exit 7
 model.pt, to fit torchrun's --shutdown-timeout (launch/ sets it); launch/slurm.sbatch requeues on 75.
 
 Hangs: joining and the first step (compilation) may wait --timeout-s for another process, every later
-collective --step-timeout-s (torchtitan shortens it the same way). On gloo a longer wait raises: one
-sentence, exit 4. On NCCL the script sets TORCH_NCCL_ASYNC_ERROR_HANDLING=2 unless it is set: the
-watchdog aborts the communicator and the error reaches Python (exit 4) where the host waits on the
-collective. Where torch aborts without a Python exception (a CUDA error, the watchdog's heartbeat
-timeout, another value of the variable), the process dies by SIGABRT with torch's own lines, torchrun
-reports the rank failed, and run.json keeps "exit_code": null.
+collective --step-timeout-s, in every process group (HSDP's too; torchtitan shortens it the same way). On
+gloo a longer wait raises: one sentence, exit 4. On NCCL the script sets TORCH_NCCL_ASYNC_ERROR_HANDLING=2
+where it is unset or 1 (torchrun writes 1 into every worker's environment), before the group exists, and
+run.json records it: the watchdog aborts the communicator and the error reaches Python (exit 4) where the
+host waits on the collective. Where torch aborts without a Python exception (a CUDA error, the watchdog's
+heartbeat timeout, a 0 or 3 you exported), the process dies by SIGABRT with torch's own lines, torchrun
+reports the rank failed, and run.json keeps "exit_code": null. The export of model.pt is the end's last
+collective (its gather); no process waits on rank 0's write.
 
 Exit status: 0 done; 1 a bad file, setting or checkpoint, processes that see different checkpoints, or
 out of memory (one line on stderr, with the ledger's figure and what to lower first); 2 a bad argument; 3
@@ -91,7 +93,8 @@ checkpoint; 78 --preflight found the box unlike the plan (a line marked WARN; 0 
 From the start of training on, rank 0 records its status in run.json, except where torch aborts (above)
 or another process failed first (out of memory there: torchrun ends rank 0).
 Run log (code/checkpoint.py's RunLog, rank 0): OUT/run.json (command, arguments, commit, devices, versions, times,
-exit code) and OUT/log.jsonl (one JSON line per log step).
+exit code) and OUT/log.jsonl (one JSON line per log step). Nothing under OUT is appended to or changed in
+place (every file is written whole and renamed), so a bucket mounted without appends (goofys) holds it.
 """
 import argparse
 import contextlib
@@ -216,7 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
       help="recompute each block's activations during backward instead of keeping them (less memory)")
     a("--peak-tflops", type=positive, default=None, help="GPU peak for MFU if the name lookup does not know it")
     a("--preflight", action="store_true", help="measure this box against the plan in about a minute (matmul, "
-      "all-reduce, host-to-device, disk, memory, topology: code/preflight.py) and train nothing")
+      "all-reduce, host-to-device, disk and the save against --notice-s, /dev/shm, memory for training and "
+      "evaluation, topology: code/preflight.py) and train nothing")
+    a("--notice-s", type=positive, default=30,
+      help="seconds the launcher leaves between its stop signal and the kill, which a checkpoint's save must fit "
+           "(--preflight checks half of it): about 30 on GCP spot (the default), 120 on AWS spot, Slurm's "
+           "--signal lead less what torchrun keeps; launch/ sets it")
     return p
 
 
@@ -322,8 +330,9 @@ def run(args, device, rank: int, world: int, accum: int, precision: str, data: "
     stop = StopFlag()  # from now on SIGTERM/SIGUSR1 stop the run at a step boundary, with a checkpoint
     t = setup(args, device, rank, world, accum, precision, data)
     if args.preflight:  # measure the box, train nothing; a warning is a status a launch script can stop on
-        warnings = preflight.run(t, ledger_mib(planned_run(args, world, accum, precision), t.raw.num_params()),
-                                 print if rank == 0 else lambda *a: None)
+        plan, n = planned_run(args, world, accum, precision), t.raw.num_params()
+        warnings = preflight.run(t, ledger_mib(plan, n), print if rank == 0 else lambda *a: None,
+                                 eval_mib=preflight.eval_peak_mib(plan, n) if args.eval_every else None)
         return preflight.EXIT_WARNED if warnings else 0
     start = 0 if resume is None else load_checkpoint(t, *resume)
     settle_ddp_buckets(t)  # so that a resume on the same processes ends bitwise equal to the run it continues
