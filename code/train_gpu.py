@@ -524,7 +524,8 @@ def shard(model: GPT, args, device, precision: str) -> None:
     mesh = (init_device_mesh(device.type, (world // args.shard_size, args.shard_size),
                              mesh_dim_names=("replicate", "shard"))
             if args.shard == "hsdp" else init_device_mesh(device.type, (world,)))
-    set_timeouts(args.timeout_s)  # HSDP's replicate and shard groups, made with torch's default timeout
+    if args.shard == "hsdp":  # new replicate and shard groups with torch's default timeout (1-D: the default group)
+        set_timeouts(args.timeout_s)
     dtype = DTYPES[precision]
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
     for block in model.blocks:
