@@ -10,7 +10,7 @@ import json
 import time
 
 import pytest
-from test_train_gpu import RUN, TINY, checked, launch, main_here, slow, train_log
+from test_train_gpu import RUN, TINY, checked, launch, main_here, run, slow, train_log
 from together import run_together
 
 import train_gpu
@@ -99,3 +99,14 @@ def test_a_run_stopped_and_resumed_on_a_bucket_that_refuses_appends(tmp_path, mo
     assert [x["step"] for x in train_log(out)] == [1, 2, 3, 4, 5, 6]
     assert [x["exit_code"] for x in record(out)["earlier_runs"]] == [75] and record(out)["exit_code"] == 0
     assert (out / "model.pt").is_file()
+
+
+@slow
+def test_two_processes_under_torchrun_stop_and_resume_on_the_bucket(tmp_path):
+    """The same under torchrun, 2 processes: DCP's shards from both, rank 0's record, on the emulated bucket."""
+    out = tmp_path / "out"
+    args = RUN + ["--micro-batch", "4", "--out", str(out)]
+    r = run(args, nproc=2, check=False, faults="bucket=1,stop=3")
+    assert record(out)["exit_code"] == 75, r.stdout[-2000:] + r.stderr[-2000:]
+    run(args + ["--resume"], nproc=2, faults="bucket=1")
+    assert [x["step"] for x in train_log(out)] == list(range(1, 9)) and (out / "model.pt").is_file()
