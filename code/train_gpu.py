@@ -75,14 +75,13 @@ save a checkpoint, rank 0 records exit status 75 in OUT/run.json, and all exit 7
 model.pt, to fit torchrun's --shutdown-timeout (launch/ sets it); launch/slurm.sbatch requeues on 75.
 
 Hangs: joining and the first step (compilation) may wait --timeout-s for another process, every later
-collective --step-timeout-s, in every process group (HSDP's too; torchtitan shortens it the same way). On
-gloo a longer wait raises: one sentence, exit 4. On NCCL the script sets TORCH_NCCL_ASYNC_ERROR_HANDLING=2
-where it is unset or 1 (torchrun writes 1 into every worker's environment), before the group exists, and
-run.json records it: the watchdog aborts the communicator and the error reaches Python (exit 4) where the
-host waits on the collective. Where torch aborts without a Python exception (a CUDA error, the watchdog's
-heartbeat timeout, a 0 or 3 you exported), the process dies by SIGABRT with torch's own lines, torchrun
-reports the rank failed, and run.json keeps "exit_code": null. The export of model.pt is the end's last
-collective (its gather); no process waits on rank 0's write.
+collective --step-timeout-s, in every process group (HSDP's too; torchtitan does the same). On gloo a
+longer wait raises: one sentence, exit 4. On NCCL the script sets TORCH_NCCL_ASYNC_ERROR_HANDLING=2 where
+it is unset or torchrun's 1 (run.json records it): the watchdog aborts the communicator and the error
+reaches Python (exit 4) where the host waits on the collective. Where torch aborts without a Python
+exception (a CUDA error, the watchdog's heartbeat timeout, a 0 or 3 you exported), the process dies by
+SIGABRT with torch's own lines, torchrun reports the rank failed, and run.json keeps "exit_code": null.
+No process waits on rank 0's write of model.pt.
 
 Exit status: 0 done; 1 a bad file, setting or checkpoint, processes that see different checkpoints, or
 out of memory (one line on stderr, with the ledger's figure and what to lower first); 2 a bad argument; 3
@@ -93,8 +92,8 @@ checkpoint; 78 --preflight found the box unlike the plan (a line marked WARN; 0 
 From the start of training on, rank 0 records its status in run.json, except where torch aborts (above)
 or another process failed first (out of memory there: torchrun ends rank 0).
 Run log (code/checkpoint.py's RunLog, rank 0): OUT/run.json (command, arguments, commit, devices, versions, times,
-exit code) and OUT/log.jsonl (one JSON line per log step). Nothing under OUT is appended to or changed in
-place (every file is written whole and renamed), so a bucket mounted without appends (goofys) holds it.
+exit code) and OUT/log.jsonl (one JSON line per log step), each written whole and renamed, never appended
+to (a bucket mounted by goofys refuses appends).
 """
 import argparse
 import contextlib

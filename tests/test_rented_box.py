@@ -24,9 +24,11 @@ def record(out) -> dict:
 def launched(tmp_path_factory):
     """{name: (out, the finished torchrun launch, its wall seconds)}, started together."""
     outs = {name: tmp_path_factory.mktemp(name) for name in ("env", "stall", "export")}
+    env = launch(RUN + ["--micro-batch", "4", "--steps", "2", "--out", str(outs["env"])], nproc=2, faults="env=1")
+    env[2].pop(train_gpu.NCCL_ERRORS_VAR, None)  # as a shell that exported nothing: torchrun writes its own
     launches = {
         # every worker prints the variable as it joins (a test hook); run.json records rank 0's
-        "env": launch(RUN + ["--micro-batch", "4", "--steps", "2", "--out", str(outs["env"])], nproc=2, faults="env=1"),
+        "env": env,
         # HSDP as 2 groups of 2; the last process stuck at the start of step 4 (after the first step's timeout)
         "stall": launch(RUN + ["--shard", "hsdp", "--shard-size", "2", "--micro-batch", "2", "--step-timeout-s", "5",
                                "--out", str(outs["stall"])], nproc=4, faults="stall=4"),
