@@ -20,10 +20,8 @@ before the model is touched where it can be, and never as a traceback.
 Below the checkpoints, the run's record, kept by rank 0 (RunLog): the console, OUT/run.json (command
 line, arguments, git commit, devices, versions, start, end and exit status, with the records of the
 interrupted runs a resumed one continues) and OUT/log.jsonl (one JSON line per log step; on resume the
-lines after the checkpoint's step are dropped, since the resumed run logs those steps again). Nothing
-under OUT is appended to or changed in place: each file is written whole, from its start, to NAME.tmp
-and renamed over NAME (log.jsonl too, at every log step), which an object-store mount (S3 through
-goofys: sequential writes only, no appends; it renames files) holds.
+lines after the checkpoint's step are dropped, since the resumed run logs those steps again). Both are
+written whole and renamed, never appended to: goofys (S3) writes only from a file's start, and renames.
 """
 import contextlib
 import datetime
@@ -487,7 +485,6 @@ class RunLog:
             print(*a, flush=True)
 
     def jsonl(self, entry: dict) -> None:
-        """One line more in log.jsonl, the file written whole again (no append: see the docstring)."""
         if self.master:
             self.lines.append(json.dumps({**entry, "time": now()}, ensure_ascii=False) + "\n")
             self._write_lines()

@@ -9,15 +9,12 @@ Each process measures, and rank 0 prints beside what the plan assumes, with a ve
   machines = processes / LOCAL_WORLD_SIZE); NCCL reaches 70-90 % of a link;
 - host-to-device copies from pinned memory (on a CPU: a host memory copy);
 - disk in --out: its write speed (fsynced), and from it whether the worst wait before the processes
-  agree on a stop (stop_poll_s) plus this run's checkpoint fit in half of the launcher's notice
-  (--notice-s, which launch/ sets: the seconds from the stop signal to the kill; GCP's spot notice is
-  about 30 s, AWS's 120 s, Slurm's the --signal lead); its free space against the checkpoints a run keeps
+  agree on a stop (stop_poll_s) plus this run's checkpoint fit in half of --notice-s (the launcher's
+  seconds from stop signal to kill, which launch/ sets); its free space against the checkpoints a run keeps
   (the last KEPT_CHECKPOINTS, and the next one written before the oldest goes);
-- /dev/shm, where NCCL's processes on one machine exchange buffers: a container's default (Docker: 64 MiB)
-  fails NCCL's setup ("unhandled system error"); warn below SHM_MIN_BYTES on a GPU with several processes;
-- free device memory (plus what this process already holds) against the memory ledger's peak per device
-  (code/memory.py), for training and for evaluation (its forward keeps autograd's saved tensors, as
-  data.Evaluator runs it; without gradients being reduced or the backward's logit temporaries);
+- /dev/shm, where NCCL's processes on one machine share buffers (a container's 64 MiB fails NCCL's setup);
+- free device memory (plus what this process holds) against the ledger's peak per device for training
+  and for evaluation (code/memory.py);
 - the GPU and NUMA topology where nvidia-smi or lscpu exist.
 On a CPU the same checks run with gloo; there is no catalog peak to compare the matmul with.
 train_gpu.py --preflight exits EXIT_WARNED when a check warns, so a launch script can stop there.
@@ -43,9 +40,7 @@ KEPT_CHECKPOINTS = 2  # checkpoint.py keeps the last two complete checkpoints (t
 STOP_POLL_S = 10  # the longest the processes may take to agree on a stop (train_gpu.py's stop poll)
 EXIT_WARNED = 78  # train_gpu.py --preflight's status when a check warns (EX_CONFIG: not the box planned for)
 CPU_MATMUL_N = 1024  # under a second on a CPU in fp32 (a CPU without bf16/fp16 instructions: seconds in 16 bits)
-# NCCL's shared-memory transport inside one machine: NVIDIA's containers are run with --shm-size=1g or more
-# (PyTorch's own CI moved to 2 GB after segfaults in ncclShmOpen), Docker's default being 64 MiB
-SHM_MIN_BYTES = 2**30
+SHM_MIN_BYTES = 2**30  # NVIDIA runs its containers with --shm-size=1g or more; Docker's default is 64 MiB
 MATMUL_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -101,8 +96,7 @@ def link_verdict(bus_gb_s: float, mib: float, plan: Assumed) -> tuple:
 
 def disk_verdict(speed: float, free: float, held: float, part: float, stop_poll_s: float, notice_s: float) -> tuple:
     """(warnings, lines) for --out: `speed` bytes/s written, `free` bytes free, `held` bytes of the
-    checkpoints already there, `part` bytes of one checkpoint this node writes; `notice_s`: the seconds
-    the launcher leaves between its stop signal and the kill."""
+    checkpoints already there, `part` bytes of one checkpoint this node writes, within `notice_s`."""
     save_s = part / speed
     in_time = stop_poll_s + save_s < notice_s / 2
     need = (KEPT_CHECKPOINTS + 1) * part  # the kept ones, and the next written before the oldest is deleted
@@ -117,16 +111,13 @@ def disk_verdict(speed: float, free: float, held: float, part: float, stop_poll_
 
 
 def shm_verdict(total: float | None, local_processes: int, cuda: bool) -> tuple:
-    """(warned, line) for /dev/shm of `total` bytes (None: there is none) under `local_processes` per machine."""
-    if total is None:
-        return False, "  /dev/shm: none here (NCCL needs it on Linux with several GPUs per machine)"
-    what = f"  /dev/shm: {total / 2**30:,.2f} GiB"
-    if not cuda or local_processes < 2:
-        return False, what + " (NCCL's processes on one machine share buffers there; none here)"
-    ok = total >= SHM_MIN_BYTES
-    return not ok, (f"{what} for {local_processes} NCCL processes on this machine, warn below "
-                    f"{SHM_MIN_BYTES / 2**30:g} GiB (a container's default fails NCCL's setup; docker run "
-                    f"--shm-size=8g, or mount a larger tmpfs there): {_verdict(ok)}")
+    """(warned, line) for /dev/shm of `total` bytes (None: none) under `local_processes` per machine."""
+    line = f"  /dev/shm: {(total or 0) / 2**30:,.2f} GiB for {local_processes} process(es) on this machine"
+    if total is not None and cuda and local_processes > 1:  # NCCL's processes share buffers there
+        ok = total >= SHM_MIN_BYTES
+        return not ok, (f"{line}, warn below {SHM_MIN_BYTES / 2**30:g} GiB (docker run --shm-size=8g): "
+                        + _verdict(ok))
+    return False, line + " (gloo, or no NCCL peer on this machine: no verdict)"
 
 
 def shm_bytes() -> float | None:
@@ -134,26 +125,19 @@ def shm_bytes() -> float | None:
 
 
 def eval_peak_mib(run, n_params: int) -> float:
-    """The ledger's peak per device during an evaluation: the training peak without what only training
-    holds (the whole fp32 gradients under accumulation, HSDP's partial sums, backward's logit temporaries);
-    the forward's saved tensors stay, since data.Evaluator runs it with autograd on."""
+    """The ledger's peak while evaluating: training's without what only training holds (data.Evaluator's
+    forward keeps autograd's saved tensors)."""
     peak = run_peak_bytes(run, n_params)
-    only_training = ("whole grads", "partial reduce", "logit temporaries")
-    return (peak["total"] - sum(peak.get(k, 0) for k in only_training)) / 2**20
+    return (peak["total"] - sum(peak.get(k, 0) for k in ("whole grads", "partial reduce", "logit temporaries"))) / 2**20
 
 
 def memory_verdict(free_mib: float, train_mib: float, eval_mib: float | None) -> tuple:
-    """(warnings, lines) for a GPU's memory: `free_mib` free plus what this process holds already, against
-    the ledger's training peak and, where the run evaluates (`eval_mib` not None), its evaluation peak."""
-    lines, warned = [], 0
-    for what, need in (("training", train_mib), ("evaluation", eval_mib)):
-        if need is None:
-            continue
-        ok = free_mib > 1.1 * need
-        warned += not ok
-        lines.append(f"  device memory for {what}: {free_mib:,.0f} MiB free (with what this process holds) "
-                     f"against the ledger's {need:,.0f} MiB (+10 %): {_verdict(ok)}")
-    return warned, lines
+    """(warnings, lines): `free_mib` against the ledger's training peak and evaluation peak (None: no evaluation)."""
+    needs = [(what, need) for what, need in (("training", train_mib), ("evaluation", eval_mib)) if need is not None]
+    oks = [free_mib > 1.1 * need for _, need in needs]
+    return oks.count(False), [f"  device memory for {what}: {free_mib:,.0f} MiB free (with what this process holds) "
+                              f"against the ledger's {need:,.0f} MiB (+10 %): {_verdict(ok)}"
+                              for (what, need), ok in zip(needs, oks)]
 
 
 def _bytes_under(folder: Path) -> int:
@@ -188,8 +172,7 @@ def _verdict(ok: bool) -> str:
 def run(t, ledger_mib: float, log, stop_poll_s: float = STOP_POLL_S, eval_mib: float | None = None) -> int:
     """The checks for train_gpu.py's Trainer `t` (its device, rank, world, precision, args and raw
     model); returns the number of warnings (printed by rank 0). stop_poll_s: the longest the processes
-    take to agree on a stop after the signal (train_gpu.py's stop poll); eval_mib: the ledger's peak
-    while evaluating (eval_peak_mib; None: the run does not evaluate)."""
+    take to agree on a stop after the signal (train_gpu.py's stop poll); eval_mib: eval_peak_mib or None."""
     device, rank, world, cuda = t.device, t.rank, t.world, t.device.type == "cuda"
     name = torch.cuda.get_device_name(device) if cuda else None
     plan = assumed(name, torch.cuda.get_device_properties(device).multi_processor_count if cuda else None,
@@ -259,8 +242,8 @@ def run(t, ledger_mib: float, log, stop_poll_s: float = STOP_POLL_S, eval_mib: f
         try:
             import psutil
             free = psutil.virtual_memory().available / 2**20
-            log(f"  free host memory {free:,.0f} MiB (the ledger's {ledger_mib:,.0f} MiB per device for training"
-                + ("" if eval_mib is None else f", {eval_mib:,.0f} for evaluation") + ", is for a GPU)")
+            log(f"  free host memory {free:,.0f} MiB (the ledger's {ledger_mib:,.0f} MiB for training, "
+                f"{eval_mib or 0:,.0f} for evaluation, are per GPU)")
         except ImportError:
             pass
 

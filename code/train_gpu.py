@@ -220,10 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--preflight", action="store_true", help="measure this box against the plan in about a minute (matmul, "
       "all-reduce, host-to-device, disk and the save against --notice-s, /dev/shm, memory for training and "
       "evaluation, topology: code/preflight.py) and train nothing")
-    a("--notice-s", type=positive, default=30,
-      help="seconds the launcher leaves between its stop signal and the kill, which a checkpoint's save must fit "
-           "(--preflight checks half of it): about 30 on GCP spot (the default), 120 on AWS spot, Slurm's "
-           "--signal lead less what torchrun keeps; launch/ sets it")
+    a("--notice-s", type=positive, default=30, help="seconds from the launcher's stop signal to the kill, half of "
+      "which --preflight gives the save: about 30 on GCP spot (default), 120 on AWS; launch/ sets it")
     return p
 
 
@@ -410,8 +408,7 @@ def finish(t: "Trainer", log: RunLog, ledger: float, tokenizer) -> None:
         log(f"memory: peak allocated {peak_mib:,.0f} MiB, ledger {ledger:,.0f} MiB, ratio {peak_mib / ledger:.2f}")
     if t.args.sample_tokens and (t.rank == 0 or t.sharded):  # a sharded forward needs every process
         log(sample_text(t.model if t.sharded else t.raw, tokenizer, t.args, t.device, lambda: autocast(t)))
-    # the last collective is the export's gather: then rank 0 writes model.pt alone while the others end,
-    # so no process waits on the write under --step-timeout-s, however slow --out is
+    # the gather is the last collective: rank 0 then writes model.pt while the others end, none waiting on it
     checkpoint.export_weights(t.model, t.args.out, t.rank)
     log.end(0)
     log(f"done: {t.args.steps} steps; checkpoint in {CKPT_DIR}/, {EXPORT_NAME}, {RECORD_NAME} and {LOG_NAME} in --out")
@@ -660,9 +657,8 @@ def shorten_timeout(t: Trainer) -> None:
 
 
 def set_timeouts(seconds: float) -> None:
-    """Every process group of this process waits `seconds` in a collective: the default group and the
-    ones a DeviceMesh makes for HSDP, which torch creates with its own default (10 min on NCCL, 30 on
-    gloo), as torchtitan's set_pg_timeouts does."""
+    """Every process group of this process waits `seconds` in a collective, HSDP's mesh groups too
+    (torch makes them with its default: 10 min on NCCL, 30 on gloo), as torchtitan's set_pg_timeouts."""
     c10d = dist.distributed_c10d
     for group in list(c10d._world.pg_map):
         if not c10d._rank_not_in_group(group):
@@ -670,10 +666,9 @@ def set_timeouts(seconds: float) -> None:
 
 
 def nccl_error_handling() -> str:
-    """TORCH_NCCL_ASYNC_ERROR_HANDLING=2 (CleanUpOnly: a timed-out collective aborts the communicator and
-    the error reaches Python) where it is unset or 1: torchrun writes 1 (TearDown: SIGABRT) into every
-    worker's environment when its own has none (elastic/agent/server/local_elastic_agent.py). Another
-    value exported by the user (0, 3) is kept. run.json records the value; it means nothing to gloo."""
+    """TORCH_NCCL_ASYNC_ERROR_HANDLING=2 (CleanUpOnly: the error reaches Python) where it is unset or 1, the
+    TearDown (SIGABRT) torchrun's agent writes into every worker's environment (local_elastic_agent.py);
+    a 0 or 3 the user exported is kept. run.json records it; gloo ignores it."""
     if os.environ.get(NCCL_ERRORS_VAR) in (None, "1"):
         os.environ[NCCL_ERRORS_VAR] = "2"
     return os.environ[NCCL_ERRORS_VAR]

@@ -75,7 +75,7 @@ def test_the_save_is_judged_against_the_launchers_notice_not_a_fixed_170_s():
 
 def test_a_containers_small_dev_shm_warns_where_nccl_shares_a_machine(tmp_path, monkeypatch):
     warned, line = preflight.shm_verdict(64 * 2**20, 8, cuda=True)  # Docker's default under 8 GPUs
-    assert warned and "0.06 GiB for 8 NCCL processes" in line and line.endswith("WARN")
+    assert warned and "0.06 GiB for 8 process(es)" in line and line.endswith("WARN")
     warned, line = preflight.shm_verdict(16 * 2**30, 8, cuda=True)
     assert not warned and line.endswith("ok")
     assert not preflight.shm_verdict(64 * 2**20, 1, cuda=True)[0]  # one process per machine: no NCCL peer there
