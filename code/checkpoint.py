@@ -19,9 +19,9 @@ before the model is touched where it can be, and never as a traceback.
 
 Below the checkpoints, the run's record, kept by rank 0 (RunLog): the console, OUT/run.json (command
 line, arguments, git commit, devices, versions, start, end and exit status, with the records of the
-interrupted runs a resumed one continues; rewritten atomically) and OUT/log.jsonl (one JSON line per log
-step, fsynced; on resume the lines after the checkpoint's step are dropped, since the resumed run logs
-those steps again).
+interrupted runs a resumed one continues) and OUT/log.jsonl (one JSON line per log step; on resume the
+lines after the checkpoint's step are dropped, since the resumed run logs those steps again). Both are
+written whole and renamed, never appended to: goofys (S3) writes only from a file's start, and renames.
 """
 import contextlib
 import datetime
@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from arguments import refuse
 from record import git_state
-from script_support import append_jsonl, atomic_write, save_atomic, write_json
+from script_support import atomic_write, save_atomic, write_json
 
 CKPT_DIR = "checkpoints"
 STATE_NAME = "train_state.json"
@@ -438,13 +438,14 @@ def run_record(args, device, world: int, precision: str) -> dict:
         "python": platform.python_version(), "torch": torch.__version__,
         "cuda": torch.version.cuda if cuda else None,
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+        "nccl_async_error_handling": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"),  # what a hang ends in
         "start": now(), "end": None, "exit_code": None,
     }
 
 
-def keep_log_lines(path: Path, last_step: int) -> None:
-    """Keep the log lines of steps up to last_step (where a resumed run continues), atomically:
-    lines a killed run wrote after its last checkpoint are logged again by the resumed run."""
+def kept_log_lines(path: Path, last_step: int) -> list:
+    """The log lines of steps up to last_step (where a resumed run continues): lines a killed run wrote
+    after its last checkpoint are logged again by the resumed run."""
     kept = []
     if last_step and path.is_file():
         for line in path.read_text(encoding="utf-8").splitlines():
@@ -453,8 +454,7 @@ def keep_log_lines(path: Path, last_step: int) -> None:
                     kept.append(line + "\n")
             except (ValueError, KeyError, TypeError):
                 break  # a line cut by the kill: nothing after it is whole
-    with atomic_write(path) as f:
-        f.write("".join(kept).encode("utf-8"))
+    return kept
 
 
 class RunLog:
@@ -465,7 +465,7 @@ class RunLog:
 
     def __init__(self, args, device, rank: int, world: int, precision: str, start: int):
         RunLog.current = self
-        self.out, self.master, self.record = Path(args.out), rank == 0, None
+        self.out, self.master, self.record, self.lines = Path(args.out), rank == 0, None, []
         if self.master:
             self.record = run_record(args, device, world, precision)
             earlier = []
@@ -477,7 +477,8 @@ class RunLog:
                     pass
             self.record.update(resumed_from_step=start or None, earlier_runs=earlier)
             write_json(self.out / RECORD_NAME, self.record)
-            keep_log_lines(self.out / LOG_NAME, start)
+            self.lines = kept_log_lines(self.out / LOG_NAME, start)
+            self._write_lines()
 
     def __call__(self, *a):
         if self.master:
@@ -485,7 +486,12 @@ class RunLog:
 
     def jsonl(self, entry: dict) -> None:
         if self.master:
-            append_jsonl(self.out / LOG_NAME, {**entry, "time": now()})
+            self.lines.append(json.dumps({**entry, "time": now()}, ensure_ascii=False) + "\n")
+            self._write_lines()
+
+    def _write_lines(self) -> None:
+        with atomic_write(self.out / LOG_NAME) as f:
+            f.write("".join(self.lines).encode("utf-8"))
 
     def end(self, exit_code: int) -> None:
         if RunLog.current is self:

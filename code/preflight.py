@@ -9,10 +9,12 @@ Each process measures, and rank 0 prints beside what the plan assumes, with a ve
   machines = processes / LOCAL_WORLD_SIZE); NCCL reaches 70-90 % of a link;
 - host-to-device copies from pinned memory (on a CPU: a host memory copy);
 - disk in --out: its write speed (fsynced), and from it whether the worst wait before the processes
-  agree on a stop (stop_poll_s) plus this run's checkpoint fit in the 170 s launch/ gives torchrun's
-  --shutdown-timeout after a preemption notice; its free space against the checkpoints a run keeps
+  agree on a stop (stop_poll_s) plus this run's checkpoint fit in half of --notice-s (the launcher's
+  seconds from stop signal to kill, which launch/ sets); its free space against the checkpoints a run keeps
   (the last KEPT_CHECKPOINTS, and the next one written before the oldest goes);
-- free device memory against the memory ledger's peak per device (code/memory.py);
+- /dev/shm, where NCCL's processes on one machine share buffers (a container's 64 MiB fails NCCL's setup);
+- free device memory (plus what this process holds) against the ledger's peak per device for training
+  and for evaluation (code/memory.py);
 - the GPU and NUMA topology where nvidia-smi or lscpu exist.
 On a CPU the same checks run with gloo; there is no catalog peak to compare the matmul with.
 train_gpu.py --preflight exits EXIT_WARNED when a check warns, so a launch script can stop there.
@@ -28,7 +30,8 @@ import torch
 import torch.distributed as dist
 
 from checkpoint import CKPT_DIR
-from gpus import SHUTDOWN_TIMEOUT_S, gpu_for_device, link_bytes_per_s
+from gpus import gpu_for_device, link_bytes_per_s
+from shapes import run_peak_bytes
 
 MATMUL_FRACTION = 0.6  # a GPU below 60 % of its dense peak on a large matmul is throttled or mislabelled
 LINK_FRACTION = 0.5  # NCCL's all-reduce bus bandwidth is typically 70-90 % of the link
@@ -37,6 +40,7 @@ KEPT_CHECKPOINTS = 2  # checkpoint.py keeps the last two complete checkpoints (t
 STOP_POLL_S = 10  # the longest the processes may take to agree on a stop (train_gpu.py's stop poll)
 EXIT_WARNED = 78  # train_gpu.py --preflight's status when a check warns (EX_CONFIG: not the box planned for)
 CPU_MATMUL_N = 1024  # under a second on a CPU in fp32 (a CPU without bf16/fp16 instructions: seconds in 16 bits)
+SHM_MIN_BYTES = 2**30  # NVIDIA runs its containers with --shm-size=1g or more; Docker's default is 64 MiB
 MATMUL_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -90,19 +94,50 @@ def link_verdict(bus_gb_s: float, mib: float, plan: Assumed) -> tuple:
                     f"machine(s) ({plan.link}), warn below {LINK_FRACTION:.0%}: {_verdict(ok)}")
 
 
-def disk_verdict(speed: float, free: float, held: float, part: float, stop_poll_s: float) -> tuple:
+def disk_verdict(speed: float, free: float, held: float, part: float, stop_poll_s: float, notice_s: float) -> tuple:
     """(warnings, lines) for --out: `speed` bytes/s written, `free` bytes free, `held` bytes of the
-    checkpoints already there, `part` bytes of one checkpoint this node writes."""
+    checkpoints already there, `part` bytes of one checkpoint this node writes, within `notice_s`."""
     save_s = part / speed
-    in_time = stop_poll_s + save_s < SHUTDOWN_TIMEOUT_S / 2
+    in_time = stop_poll_s + save_s < notice_s / 2
     need = (KEPT_CHECKPOINTS + 1) * part  # the kept ones, and the next written before the oldest is deleted
     room = free + held >= need
     return (not in_time) + (not room), [
         f"  disk in --out: {speed / 1e6:,.0f} MB/s written and fsynced; this node's part of a checkpoint, "
         f"{part / 1e9:,.2f} GB, takes about {save_s:,.1f} s, after up to {stop_poll_s:g} s for the processes to "
-        f"agree on the stop; a preemption notice leaves {SHUTDOWN_TIMEOUT_S} s (warn above half): {_verdict(in_time)}",
+        f"agree on the stop; the launcher's notice (--notice-s) leaves {notice_s:g} s (warn above half): "
+        f"{_verdict(in_time)}",
         f"  disk space in --out: {(free + held) / 1e9:,.1f} GB free (checkpoints already there included) for "
         f"the {KEPT_CHECKPOINTS} checkpoints kept and the next being written, {need / 1e9:,.2f} GB: {_verdict(room)}"]
+
+
+def shm_verdict(total: float | None, local_processes: int, cuda: bool) -> tuple:
+    """(warned, line) for /dev/shm of `total` bytes (None: none) under `local_processes` per machine."""
+    line = f"  /dev/shm: {(total or 0) / 2**30:,.2f} GiB for {local_processes} process(es) on this machine"
+    if total is not None and cuda and local_processes > 1:  # NCCL's processes share buffers there
+        ok = total >= SHM_MIN_BYTES
+        return not ok, (f"{line}, warn below {SHM_MIN_BYTES / 2**30:g} GiB (docker run --shm-size=8g): "
+                        + _verdict(ok))
+    return False, line + " (gloo, or no NCCL peer on this machine: no verdict)"
+
+
+def shm_bytes() -> float | None:
+    return shutil.disk_usage("/dev/shm").total if os.path.isdir("/dev/shm") else None
+
+
+def eval_peak_mib(run, n_params: int) -> float:
+    """The ledger's peak while evaluating: training's without what only training holds (data.Evaluator's
+    forward keeps autograd's saved tensors)."""
+    peak = run_peak_bytes(run, n_params)
+    return (peak["total"] - sum(peak.get(k, 0) for k in ("whole grads", "partial reduce", "logit temporaries"))) / 2**20
+
+
+def memory_verdict(free_mib: float, train_mib: float, eval_mib: float | None) -> tuple:
+    """(warnings, lines): `free_mib` against the ledger's training peak and evaluation peak (None: no evaluation)."""
+    needs = [(what, need) for what, need in (("training", train_mib), ("evaluation", eval_mib)) if need is not None]
+    oks = [free_mib > 1.1 * need for _, need in needs]
+    return oks.count(False), [f"  device memory for {what}: {free_mib:,.0f} MiB free (with what this process holds) "
+                              f"against the ledger's {need:,.0f} MiB (+10 %): {_verdict(ok)}"
+                              for (what, need), ok in zip(needs, oks)]
 
 
 def _bytes_under(folder: Path) -> int:
@@ -134,10 +169,10 @@ def _verdict(ok: bool) -> str:
     return "ok" if ok else "WARN"
 
 
-def run(t, ledger_mib: float, log, stop_poll_s: float = STOP_POLL_S) -> int:
+def run(t, ledger_mib: float, log, stop_poll_s: float = STOP_POLL_S, eval_mib: float | None = None) -> int:
     """The checks for train_gpu.py's Trainer `t` (its device, rank, world, precision, args and raw
     model); returns the number of warnings (printed by rank 0). stop_poll_s: the longest the processes
-    take to agree on a stop after the signal (train_gpu.py's stop poll)."""
+    take to agree on a stop after the signal (train_gpu.py's stop poll); eval_mib: eval_peak_mib or None."""
     device, rank, world, cuda = t.device, t.rank, t.world, t.device.type == "cuda"
     name = torch.cuda.get_device_name(device) if cuda else None
     plan = assumed(name, torch.cuda.get_device_properties(device).multi_processor_count if cuda else None,
@@ -189,23 +224,28 @@ def run(t, ledger_mib: float, log, stop_poll_s: float = STOP_POLL_S) -> int:
             probe.unlink(missing_ok=True)
         part = CHECKPOINT_BYTES_PER_PARAM * t.raw.num_params() / plan.nodes
         warned, line = disk_verdict(speed, shutil.disk_usage(out).free, _bytes_under(out / CKPT_DIR), part,
-                                    stop_poll_s)
+                                    stop_poll_s, t.args.notice_s)
         warnings += warned
         for x in line:
             log(x)
+        warned, line = shm_verdict(shm_bytes(), int(os.environ.get("LOCAL_WORLD_SIZE", world)), cuda)
+        warnings += warned
+        log(line)
 
-    if cuda:
-        free = torch.cuda.mem_get_info(device)[0] / 2**20
-        ok = free > 1.1 * ledger_mib
-        log(f"  free device memory {free:,.0f} MiB against the ledger's {ledger_mib:,.0f} MiB (+10 %): {_verdict(ok)}")
+    if cuda:  # the weights setup() made count in the ledger: add them back to what is free
+        free = (torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_allocated(device)) / 2**20
+        warned, lines = memory_verdict(free, ledger_mib, eval_mib)
+        warnings += warned
+        for x in lines:
+            log(x)
     else:
         try:
             import psutil
-            free, ok = psutil.virtual_memory().available / 2**20, True
-            log(f"  free host memory {free:,.0f} MiB (the ledger's {ledger_mib:,.0f} MiB per device is for a GPU)")
+            free = psutil.virtual_memory().available / 2**20
+            log(f"  free host memory {free:,.0f} MiB (the ledger's {ledger_mib:,.0f} MiB for training, "
+                f"{eval_mib or 0:,.0f} for evaluation, are per GPU)")
         except ImportError:
-            ok = True
-    warnings += not ok
+            pass
 
     for tool, cmd in (("nvidia-smi", ["nvidia-smi", "topo", "-m"]), ("lscpu", ["lscpu"])):
         if shutil.which(tool) and rank == 0:

@@ -213,16 +213,6 @@ def output_problem(path, kind: str = "file") -> str | None:
     return None
 
 
-def append_jsonl(path, record: dict) -> None:
-    """Append one JSON line to `path` and fsync it: a kill loses at most the line being written,
-    and a reader never sees a line that is only partly on disk once this returns."""
-    import json
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def write_json(path, record: dict) -> None:
     """Write `record` as JSON through atomic_write: the old file or the new one, never half of one."""
     import json

@@ -75,12 +75,13 @@ save a checkpoint, rank 0 records exit status 75 in OUT/run.json, and all exit 7
 model.pt, to fit torchrun's --shutdown-timeout (launch/ sets it); launch/slurm.sbatch requeues on 75.
 
 Hangs: joining and the first step (compilation) may wait --timeout-s for another process, every later
-collective --step-timeout-s (torchtitan shortens it the same way). On gloo a longer wait raises: one
-sentence, exit 4. On NCCL the script sets TORCH_NCCL_ASYNC_ERROR_HANDLING=2 unless it is set: the
-watchdog aborts the communicator and the error reaches Python (exit 4) where the host waits on the
-collective. Where torch aborts without a Python exception (a CUDA error, the watchdog's heartbeat
-timeout, another value of the variable), the process dies by SIGABRT with torch's own lines, torchrun
-reports the rank failed, and run.json keeps "exit_code": null.
+collective --step-timeout-s, in every process group (HSDP's too; torchtitan does the same). On gloo a
+longer wait raises: one sentence, exit 4. On NCCL the script sets TORCH_NCCL_ASYNC_ERROR_HANDLING=2 where
+it is unset or torchrun's 1 (run.json records it): the watchdog aborts the communicator and the error
+reaches Python (exit 4) where the host waits on the collective. Where torch aborts without a Python
+exception (a CUDA error, the watchdog's heartbeat timeout, a 0 or 3 you exported), the process dies by
+SIGABRT with torch's own lines, torchrun reports the rank failed, and run.json keeps "exit_code": null.
+No process waits on rank 0's write of model.pt.
 
 Exit status: 0 done; 1 a bad file, setting or checkpoint, processes that see different checkpoints, or
 out of memory (one line on stderr, with the ledger's figure and what to lower first); 2 a bad argument; 3
@@ -91,7 +92,8 @@ checkpoint; 78 --preflight found the box unlike the plan (a line marked WARN; 0 
 From the start of training on, rank 0 records its status in run.json, except where torch aborts (above)
 or another process failed first (out of memory there: torchrun ends rank 0).
 Run log (code/checkpoint.py's RunLog, rank 0): OUT/run.json (command, arguments, commit, devices, versions, times,
-exit code) and OUT/log.jsonl (one JSON line per log step).
+exit code) and OUT/log.jsonl (one JSON line per log step), each written whole and renamed, never appended
+to (a bucket mounted by goofys refuses appends).
 """
 import argparse
 import contextlib
@@ -145,6 +147,7 @@ STOP_POLL_S = 10.0  # wall seconds between polls of the stop flag (plus every lo
 WARMUP_UNTIMED = 5  # a run's first steps compile and warm up: kept out of tokens/s, as nanoGPT does
 COLLECTIVE_WORDS = ("gloo", "NCCL", "Timed out", "timed out", "Connection closed")  # a failed collective's words
 DEFAULT_GLOBAL_BATCH_TOKENS = 2**19  # 524,288 tokens per step, GPT-3 Small's 0.5M
+NCCL_ERRORS_VAR = "TORCH_NCCL_ASYNC_ERROR_HANDLING"  # read by ProcessGroupNCCL when a group is created
 RESUME_SETTINGS = ("lr", "warmup", "min_lr_ratio", "weight_decay", "global_batch_tokens", "seed", "steps")
 
 
@@ -215,7 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="recompute each block's activations during backward instead of keeping them (less memory)")
     a("--peak-tflops", type=positive, default=None, help="GPU peak for MFU if the name lookup does not know it")
     a("--preflight", action="store_true", help="measure this box against the plan in about a minute (matmul, "
-      "all-reduce, host-to-device, disk, memory, topology: code/preflight.py) and train nothing")
+      "all-reduce, host-to-device, disk and the save against --notice-s, /dev/shm, memory for training and "
+      "evaluation, topology: code/preflight.py) and train nothing")
+    a("--notice-s", type=positive, default=30, help="seconds from the launcher's stop signal to the kill, half of "
+      "which --preflight gives the save: about 30 on GCP spot (default), 120 on AWS; launch/ sets it")
     return p
 
 
@@ -246,8 +252,7 @@ def main(argv=None):
     data = TokenSource(args.data, args.vocab_size, args.seq_len, args.tokenizer, ranks.rank, ranks.world)
     if ranks.rank == 0:
         checkpoint.remove_partial_saves(out, (RECORD_NAME,))
-    if device.type == "cuda":  # errors of a hung NCCL collective reach Python (see the docstring)
-        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+    nccl_error_handling()  # before any process group: NCCL reads it when a group is made
     joined = False
     RunLog.current = None  # the log of an earlier main() in this process (the tests) is not this run's
     try:
@@ -322,8 +327,9 @@ def run(args, device, rank: int, world: int, accum: int, precision: str, data: "
     stop = StopFlag()  # from now on SIGTERM/SIGUSR1 stop the run at a step boundary, with a checkpoint
     t = setup(args, device, rank, world, accum, precision, data)
     if args.preflight:  # measure the box, train nothing; a warning is a status a launch script can stop on
-        warnings = preflight.run(t, ledger_mib(planned_run(args, world, accum, precision), t.raw.num_params()),
-                                 print if rank == 0 else lambda *a: None)
+        plan, n = planned_run(args, world, accum, precision), t.raw.num_params()
+        warnings = preflight.run(t, ledger_mib(plan, n), print if rank == 0 else lambda *a: None,
+                                 eval_mib=preflight.eval_peak_mib(plan, n) if args.eval_every else None)
         return preflight.EXIT_WARNED if warnings else 0
     start = 0 if resume is None else load_checkpoint(t, *resume)
     settle_ddp_buckets(t)  # so that a resume on the same processes ends bitwise equal to the run it continues
@@ -400,9 +406,10 @@ def finish(t: "Trainer", log: RunLog, ledger: float, tokenizer) -> None:
     if t.device.type == "cuda":
         peak_mib = torch.cuda.max_memory_allocated(t.device) / 2**20
         log(f"memory: peak allocated {peak_mib:,.0f} MiB, ledger {ledger:,.0f} MiB, ratio {peak_mib / ledger:.2f}")
-    checkpoint.export_weights(t.model, t.args.out, t.rank)
     if t.args.sample_tokens and (t.rank == 0 or t.sharded):  # a sharded forward needs every process
         log(sample_text(t.model if t.sharded else t.raw, tokenizer, t.args, t.device, lambda: autocast(t)))
+    # the gather is the last collective: rank 0 then writes model.pt while the others end, none waiting on it
+    checkpoint.export_weights(t.model, t.args.out, t.rank)
     log.end(0)
     log(f"done: {t.args.steps} steps; checkpoint in {CKPT_DIR}/, {EXPORT_NAME}, {RECORD_NAME} and {LOG_NAME} in --out")
 
@@ -513,6 +520,8 @@ def shard(model: GPT, args, device, precision: str) -> None:
     mesh = (init_device_mesh(device.type, (world // args.shard_size, args.shard_size),
                              mesh_dim_names=("replicate", "shard"))
             if args.shard == "hsdp" else init_device_mesh(device.type, (world,)))
+    if args.shard == "hsdp":  # new replicate and shard groups with torch's default timeout (1-D: the default group)
+        set_timeouts(args.timeout_s)
     dtype = DTYPES[precision]
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
     for block in model.blocks:
@@ -644,7 +653,25 @@ def shorten_timeout(t: Trainer) -> None:
     """After the first step (compilation) a collective may wait only --step-timeout-s."""
     if t.world > 1:
         dist.barrier()  # every process is past its first step before the shorter wait applies
-        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=step_timeout(t.args)))
+        set_timeouts(step_timeout(t.args))
+
+
+def set_timeouts(seconds: float) -> None:
+    """Every process group of this process waits `seconds` in a collective, HSDP's mesh groups too
+    (torch makes them with its default: 10 min on NCCL, 30 on gloo), as torchtitan's set_pg_timeouts."""
+    c10d = dist.distributed_c10d
+    for group in list(c10d._world.pg_map):
+        if not c10d._rank_not_in_group(group):
+            c10d._set_pg_timeout(timedelta(seconds=seconds), group)
+
+
+def nccl_error_handling() -> str:
+    """TORCH_NCCL_ASYNC_ERROR_HANDLING=2 (CleanUpOnly: the error reaches Python) where it is unset or 1, the
+    TearDown (SIGABRT) torchrun's agent writes into every worker's environment (local_elastic_agent.py);
+    a 0 or 3 the user exported is kept. run.json records it; gloo ignores it."""
+    if os.environ.get(NCCL_ERRORS_VAR) in (None, "1"):
+        os.environ[NCCL_ERRORS_VAR] = "2"
+    return os.environ[NCCL_ERRORS_VAR]
 
 
 def step_timeout(args) -> float:

@@ -55,7 +55,9 @@ def test_train_gpu_and_torchrun_accept_the_launch_line():
     from torch.distributed.run import get_args_parser
 
     from train_gpu import build_parser
-    argv = shlex.split(torchrun_lines(SLURM.read_text(encoding="utf-8"))[0].replace('"', ""))[1:]
+    notice = SLURM.read_text(encoding="utf-8").split("\nNOTICE_S=")[1].split()[0]
+    argv = shlex.split(torchrun_lines(SLURM.read_text(encoding="utf-8"))[0].replace('"', "")
+                       .replace("$NOTICE_S", notice))[1:]
     ns = get_args_parser().parse_args(argv)  # the launcher's own flags
     assert "SIGUSR1" in ns.signals_to_handle and "SIGTERM" in ns.signals_to_handle
     # the workers' time to save after the signal: longer than torchrun's 30 s default, within Slurm's notice
@@ -66,6 +68,7 @@ def test_train_gpu_and_torchrun_accept_the_launch_line():
     script_args = [x for a in ns.training_script_args for x in (default.split() if a == "$TRAIN_ARGS" else [a])]
     args = build_parser().parse_args(script_args)
     assert args.auto_resume and args.out == "$OUT" and args.shard == "hsdp"  # the budget's choice across nodes
+    assert args.notice_s == ns.shutdown_timeout  # what the workers have after Slurm's --signal, for --preflight
 
 
 @pytest.mark.parametrize("status, requeued, rc", [(75, True, 0), (3, False, 1), (None, False, 1)])
@@ -92,3 +95,42 @@ def test_slurm_requeues_on_the_preemption_status(tmp_path, status, requeued, rc)
     assert r.returncode == rc, r.stdout + r.stderr
     log = (tmp_path / "scontrol.log").read_text()
     assert ("requeue 42" in log) == requeued, log
+
+
+@pytest.mark.parametrize("recorded, expected", [
+    ([4], 4), ([None], 4), ([3], 3), ([74], 74), ([1], 1), ([0], 0), ([75], 75),
+    ([None, 4, 4, 4], 1),  # a fourth hang in a row: it is no longer the node
+    ([None, 4, 75, 4], 4),  # a stop with a checkpoint between: the count starts again
+    ("stale", 1),  # run.json from an earlier attempt: this one failed before training (its log says why)
+])
+def test_skypilot_retries_only_what_another_node_can_change(tmp_path, recorded, expected):
+    """The SkyPilot task's `run` with a stub torchrun that exits 1 whatever its workers did (as torchrun does)
+    and leaves run.json as rank 0 would: the task exits 4 (which job_recovery retries on new nodes, and only
+    that) for a hang or a crash that recorded nothing, its own status otherwise, so that a NaN, a bad
+    setting or a full disk is not retried from the last checkpoint three times (C9). The bucket is mounted
+    as SkyPilot recommends for checkpoints (MOUNT_CACHED). What it cannot see: SkyPilot itself."""
+    import json
+    import os
+    import sys
+    sky = yaml.safe_load(SKY.read_text(encoding="utf-8"))
+    recovery = sky["resources"]["job_recovery"]
+    assert recovery["max_restarts_on_errors"] == 0 and recovery["recover_on_exit_codes"] == [4]
+    assert sky["file_mounts"]["/ckpt"]["mode"] == "MOUNT_CACHED"
+    out, bin_dir = tmp_path / "out", tmp_path / "bin"
+    out.mkdir(), bin_dir.mkdir()
+    start = "2000-01-01T00:00:00+00:00" if recorded == "stale" else "NOW"  # NOW: when torchrun runs
+    codes = [0] if recorded == "stale" else recorded
+    record = {"start": start, "exit_code": codes[-1], "earlier_runs": [{"exit_code": c} for c in codes[:-1]]}
+    (tmp_path / "record.json").write_text(json.dumps(record))
+    rc = 0 if codes[-1] == 0 and recorded != "stale" else 1
+    (bin_dir / "torchrun").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/argv\nsed "s/NOW/$(date -u +%Y-%m-%dT'
+                                      f'%H:%M:%S+00:00)/" {tmp_path}/record.json > "$OUT/run.json"\nexit {rc}\n')
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(out), "SKYPILOT_NUM_NODES": "2",
+           "SKYPILOT_NUM_GPUS_PER_NODE": "8", "SKYPILOT_NODE_IPS": "10.0.0.1\n10.0.0.2", "SKYPILOT_TASK_ID": "t",
+           "SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": "GCP"})}
+    r = subprocess.run(["bash", "-c", sky["run"]], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == expected, r.stdout + r.stderr
+    assert "--notice-s 30 " in (tmp_path / "argv").read_text()  # GCP's spot notice
