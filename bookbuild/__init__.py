@@ -43,8 +43,6 @@ What lives where:
                  (schemes, --grad-sync, checkpointing, compile, fp16, 1/2/4 processes, 2 nodes), parsed
                  by torchrun's and train_gpu.py's own parsers, shrunk and run with gloo; checks the held
                  bytes against the ledger, a SIGTERM's exit 75 and checkpoint, resumes; a table in _build/.
-- copy_size.py   what a reader copies to a rented box for code/train_gpu.py: its import closure in code/,
-                 files and lines (`python -m bookbuild.copy_size`), and the bound the tests hold it to.
 - pyodide.py     chapter 12's calculator: the pinned Pyodide (npm package, version and integrity), fetched
                  and cached under _build/, and budget.py with the modules it imports, copied from code/
                  into the HTML's _static/ at every build.

@@ -2,7 +2,7 @@
 code/ files it was seen to load, checked against them after every execution.
 
 Statically (page_files): the page's code cells and every module of code/ they import, followed to the end
-(imports inside functions included, as copy_size.py counts a copy), the scripts they start (any string
+(imports inside functions included), the scripts they start (any string
 naming a code/ file, `CODE / "train_gpu.py"`, as run_script and `torch.distributed.run` take it) and
 what those import; the data files named in any of them (`"songci.txt"`); requirements.txt and
 _config.yml; and the page's own entry in chapters/run_times.json (measure.estimate_run_time reads it).

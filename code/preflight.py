@@ -239,13 +239,10 @@ def run(t, ledger_mib: float, log, stop_poll_s: float = STOP_POLL_S, eval_mib: f
         for x in lines:
             log(x)
     else:
-        try:
-            import psutil
-            free = psutil.virtual_memory().available / 2**20
+        free = host_available_mib()
+        if free is not None:
             log(f"  free host memory {free:,.0f} MiB (the ledger's {ledger_mib:,.0f} MiB for training, "
                 f"{eval_mib or 0:,.0f} for evaluation, are per GPU)")
-        except ImportError:
-            pass
 
     for tool, cmd in (("nvidia-smi", ["nvidia-smi", "topo", "-m"]), ("lscpu", ["lscpu"])):
         if shutil.which(tool) and rank == 0:
@@ -259,3 +256,16 @@ def run(t, ledger_mib: float, log, stop_poll_s: float = STOP_POLL_S, eval_mib: f
     log(f"preflight: {warnings} warning(s); " + ("the box matches the plan" if not warnings else
                                                    "check the lines marked WARN before paying for the run"))
     return warnings
+
+
+def host_available_mib() -> float | None:
+    """The host memory the kernel says is available (Linux's MemAvailable), in MiB; None elsewhere. Read from
+    /proc, so that the box needs nothing requirements-train.txt does not install."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None

@@ -9,12 +9,11 @@
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
         --rdzv-id RUN code/train_gpu.py           # two machines, run on each (launch/: Slurm, SkyPilot)
 
-Copy to the box: code/ (this script and what it imports: checkpoint.py, record.py, preflight.py,
-data.py, model.py, shapes.py, gpus.py, arguments.py, script_support.py), data/songci.txt (or your
---data file) and requirements-train.txt (`pip install -r requirements-train.txt`: torch, numpy,
-sentencepiece). `python code/budget.py ...` prints the command for the scheme and micro-batch that
-fit. This file reads top to bottom: the arguments, main, the loop (run), then the device and setup,
-one step, checkpoints and the log. Before paying for a run: `--preflight` measures the box against
+Copy to the box: the folder code/ whole, data/songci.txt (or your --data file) and
+requirements-train.txt (`pip install -r requirements-train.txt`: torch, numpy, sentencepiece).
+`python code/budget.py ...` prints the command for the scheme and micro-batch that fit. This file reads
+top to bottom: the arguments, main, the loop (run), then the device and setup, one step, checkpoints and
+the log. Before paying for a run: `--preflight` measures the box against
 the plan in about a minute (code/preflight.py).
 
 Global batch: --global-batch-tokens per optimizer step whatever the number of processes; accumulation =

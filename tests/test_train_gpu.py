@@ -1100,22 +1100,55 @@ def test_two_nodes_with_c10d_rendezvous_match_one_node(runs):
     assert all(torch.equal(ref[k], two_nodes[k]) for k in ref)
 
 
-def copy_list() -> list:
-    """The files the docstring of train_gpu.py says to copy to the box, besides itself."""
-    import re
+def requirements_train_modules() -> set:
+    """The top-level modules a box gets from requirements-train.txt: its packages' and, transitively, those
+    they require (importlib.metadata of this venv's same versions; a requirement whose marker does not
+    hold here is not followed)."""
+    from importlib import metadata
 
-    import train_gpu
-    text = " ".join(train_gpu.__doc__.split("Copy to the box:")[1].split(")")[0].split())
-    return re.findall(r"(\w+\.py)", text.split("what it imports:")[1])
+    from packaging.requirements import Requirement
+    lines = (REPO / "requirements-train.txt").read_text(encoding="utf-8").splitlines()
+    todo, seen, modules = [x.split("==")[0] for x in lines if x.strip() and not x.startswith("#")], set(), set()
+    while todo:
+        name = todo.pop()
+        key = name.lower().replace("_", "-")
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        top = (dist.read_text("top_level.txt") or "").split() or [
+            f.parts[0].removesuffix(".py") for f in dist.files or []
+            if not f.parts[0].endswith((".dist-info", ".data"))]
+        modules |= set(top)
+        todo += [r.name for r in map(Requirement, dist.requires or [])
+                 if r.marker is None or r.marker.evaluate({"extra": ""})]
+    return modules
 
 
-def test_the_copy_list_is_what_the_script_imports():
-    """The docstring's list is train_gpu.py's own imports, followed to the end (lazy imports included),
-    and the copy stays within the bound bookbuild/copy_size.py states."""
-    from bookbuild.copy_size import MAX_FILES, MAX_LINES, closure
-    files = closure()
-    assert sorted(copy_list()) == sorted(set(files) - {"train_gpu.py"})
-    assert len(files) <= MAX_FILES and sum(files.values()) <= MAX_LINES, files
+def test_train_gpu_imports_only_what_requirements_train_installs():
+    """The reader copies code/ whole and installs requirements-train.txt: every module train_gpu.py imports,
+    directly or through code/'s modules (imports inside functions included), is the standard library's,
+    code/'s own, or torch's, numpy's or sentencepiece's."""
+    import ast
+    code = {p.stem for p in (REPO / "code").glob("*.py")}
+    seen, todo, outside = set(), ["train_gpu"], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for node in ast.walk(ast.parse((REPO / "code" / f"{name}.py").read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            for top in (n.partition(".")[0] for n in names):
+                if top in code:
+                    todo.append(top)
+                elif top not in sys.stdlib_module_names:
+                    outside.add(top)
+    assert outside == {"torch", "numpy", "sentencepiece"} & outside and outside <= requirements_train_modules(), outside
 
 
 def test_requirements_train_pins_what_requirements_pins():
@@ -1133,11 +1166,19 @@ def test_the_copied_files_alone_run_the_docstrings_cpu_smoke_command(tmp_path):
 
     import train_gpu
     box = tmp_path / "box"
-    (box / "code").mkdir(parents=True)
-    (box / "data").mkdir()
-    for name in ["train_gpu.py"] + copy_list():
-        shutil.copy(REPO / "code" / name, box / "code" / name)
+    (box / "data").mkdir(parents=True)
+    shutil.copytree(REPO / "code", box / "code", ignore=shutil.ignore_patterns("__pycache__"))  # code/ whole
     shutil.copy(REPO / "data" / "songci.txt", box / "data" / "songci.txt")
+    # the same interpreter and versions, without site-packages (python -S): only what requirements-train.txt
+    # installs is on the path, linked from this venv (what this cannot see: an install that fails on the box)
+    from pathlib import Path
+    site = Path(torch.__file__).resolve().parents[1]
+    view = tmp_path / "site-packages"
+    view.mkdir()
+    allowed = {m.lower() for m in requirements_train_modules()}
+    for entry in site.iterdir():
+        if entry.name.split("-")[0].split(".")[0].lower().replace("-", "_") in allowed:
+            (view / entry.name).symlink_to(entry)
     shutil.copy(REPO / "requirements-train.txt", box / "requirements-train.txt")
     doc = train_gpu.__doc__.replace("\\\n", " ")
     line = next(x for x in doc.splitlines() if "--device cpu" in x).split("#")[0]
@@ -1145,8 +1186,8 @@ def test_the_copied_files_alone_run_the_docstrings_cpu_smoke_command(tmp_path):
     assert argv[:2] == ["python", "code/train_gpu.py"]
     out = argv.index("--out") + 1
     argv[out] = str(tmp_path / "smoke")
-    p = subprocess.run([sys.executable, *argv[1:]], cwd=box, env={**ENV, "PYTHONPATH": ""}, capture_output=True,
-                       text=True, timeout=900)
+    p = subprocess.run([sys.executable, "-S", *argv[1:]], cwd=box, env={**ENV, "PYTHONPATH": str(view)},
+                       capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "done: 20 steps" in p.stdout
     assert json.loads((tmp_path / "smoke" / "run.json").read_text(encoding="utf-8"))["exit_code"] == 0
