@@ -439,6 +439,9 @@ def run_record(args, device, world: int, precision: str) -> dict:
         "cuda": torch.version.cuda if cuda else None,
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
         "start": now(), "end": None, "exit_code": None,
+        # the launcher's name for this try (launch/slurm.sbatch: job and restart), so that it requeues only on
+        # a status this try recorded, never on one an earlier try left
+        "attempt": os.environ.get("TRAIN_ATTEMPT"),
     }
 
 
