@@ -82,7 +82,8 @@ collective. Where torch aborts without a Python exception (a CUDA error, the wat
 timeout, another value of the variable), the process dies by SIGABRT with torch's own lines, torchrun
 reports the rank failed, and run.json keeps "exit_code": null.
 
-Exit status: 0 done; 1 a bad file, setting or checkpoint, processes that see different checkpoints, or
+Exit status: 0 done; 1 a bad file, setting or checkpoint, processes that see different checkpoints, an
+--out that not every process sees or a --data of another length on some (checked once they join), or
 out of memory (one line on stderr, with the ledger's figure and what to lower first); 2 a bad argument; 3
 the loss or a gradient became NaN/inf (nothing saved after the last good checkpoint); 4 a process did not
 join or a collective waited past its timeout; 74 a checkpoint could not be saved (also when it was the
@@ -91,7 +92,8 @@ checkpoint; 78 --preflight found the box unlike the plan (a line marked WARN; 0 
 From the start of training on, rank 0 records its status in run.json, except where torch aborts (above)
 or another process failed first (out of memory there: torchrun ends rank 0).
 Run log (code/checkpoint.py's RunLog, rank 0): OUT/run.json (command, arguments, commit, devices, versions, times,
-exit code) and OUT/log.jsonl (one JSON line per log step).
+exit code, and the launcher's TRAIN_ATTEMPT: launch/slurm.sbatch requeues only on a 75 of its own attempt)
+and OUT/log.jsonl (one JSON line per log step).
 """
 import argparse
 import contextlib

@@ -61,7 +61,8 @@ def submit(cluster, out: Path, *options, train_args=TRAIN_ARGS, logs: Path = Non
     job's log goes to LOGS/NAME-JOB.log (default: beside OUT)."""
     logs = logs or out.parent
     env = {"NPROC_PER_NODE": "2", "TRAIN_ARGS": train_args, "OUT": str(out), "VENV": str(REPO / ".venv"),
-           "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "PATH": os.environ["PATH"]}
+           "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0",
+           "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}  # as with the venv activated
     job = cluster.sbatch(["--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=5",
                           f"--output={logs / (out.name + '-%j.log')}", *options, str(SBATCH)], env=env, cwd=REPO)
     SUBMITTED.append(job)
