@@ -63,13 +63,13 @@ def submit(cluster, out: Path, *options, train_args=TRAIN_ARGS, logs: Path = Non
     env = {"NPROC_PER_NODE": "2", "TRAIN_ARGS": train_args, "OUT": str(out), "VENV": str(REPO / ".venv"),
            "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0",
            "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}  # as with the venv activated
-    job = cluster.sbatch(["--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=5",
+    job = cluster.sbatch(["--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=30",
                           f"--output={logs / (out.name + '-%j.log')}", *options, str(SBATCH)], env=env, cwd=REPO)
     SUBMITTED.append(job)
     return job
 
 
-def final(cluster, job: str, timeout=240, restarts=None) -> dict:
+def final(cluster, job: str, timeout=600, restarts=None) -> dict:
     """The job once it has ended, or once it was requeued more than `restarts` times (a loop)."""
     return cluster.wait_for(job, lambda j: j["JobState"] in FINAL or (
         restarts is not None and int(j.get("Restarts", 0)) > restarts), timeout)
@@ -101,7 +101,7 @@ def logged_steps(out: Path) -> list:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def wait_for_step(cluster, job, out: Path, step: int, timeout=120) -> float:
+def wait_for_step(cluster, job, out: Path, step: int, timeout=300) -> float:
     """Wait until the run has logged `step`; when it did (time.time())."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -161,7 +161,7 @@ def test_the_time_limit_saves_requeues_and_resumes_bitwise(cluster, uninterrupte
     lead = int(120 - aim + 10)  # the warning is due 10 s before that check, and not at the one before
     out = tmp_path / "limit"
     job = submit(cluster, out, "--time=2", f"--signal=USR1@{lead}")
-    j = cluster.wait_for(job, lambda j: j["JobState"] in FINAL or int(j.get("Restarts", 0)) >= 1, 150,
+    j = cluster.wait_for(job, lambda j: j["JobState"] in FINAL or int(j.get("Restarts", 0)) >= 1, 400,
                          start_requeued=False)
     first = log_of(out, job)
     assert j["Restarts"] == "1" and record(out)["exit_code"] == 75, (j, first)
