@@ -126,9 +126,9 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
                            f"see {self.root}/slurmctld.log and slurmd-*.log")
 
     def daemon(self, argv: list, name: str) -> None:
-        log = open(self.root / f"{name}.out", "w")
-        self.procs.append(subprocess.Popen(self.sudo + argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True))
+        with open(self.root / f"{name}.out", "w") as log:  # the daemon keeps its own copy of the handle
+            self.procs.append(subprocess.Popen(self.sudo + argv, env=self.env, stdout=log,
+                                               stderr=subprocess.STDOUT, start_new_session=True))
 
     def wait_for_path(self, path: Path, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -140,8 +140,11 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
     def stop(self) -> None:
         """End every job, then the daemons this cluster started (and nothing else)."""
         if self.conf.exists():
-            self.run(["scancel", "--user", str(os.getuid()), "--full"], check=False)
-            self.run(["scontrol", "shutdown"], check=False)
+            for argv in (["scancel", "--user", str(os.getuid()), "--full"], ["scontrol", "shutdown"]):
+                try:
+                    self.run(argv, check=False)
+                except subprocess.TimeoutExpired:  # no controller to answer: the daemons are ended below
+                    pass
         for p in reversed(self.procs):  # slurmd, slurmctld (which shutdown ends), then munged
             for sig in ("TERM", "KILL"):
                 try:

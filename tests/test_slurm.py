@@ -37,8 +37,9 @@ def cluster(request):
     reason = why_not()
     if reason:
         pytest.skip(reason)
-    c = Cluster().start()
-    try:
+    c = Cluster()
+    try:  # a start that fails half-way still stops what it started
+        c.start()
         c.probe_ticks()
         yield c
     finally:
