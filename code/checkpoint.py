@@ -440,6 +440,9 @@ def run_record(args, device, world: int, precision: str) -> dict:
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
         "nccl_async_error_handling": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"),  # what a hang ends in
         "start": now(), "end": None, "exit_code": None,
+        # the launcher's name for this try (launch/slurm.sbatch: job and restart), so that it requeues only on
+        # a status this try recorded, never on one an earlier try left
+        "attempt": os.environ.get("TRAIN_ATTEMPT"),
     }
 
 

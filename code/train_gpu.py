@@ -82,7 +82,8 @@ exception (a CUDA error, the watchdog's heartbeat timeout, a 0 or 3 you exported
 SIGABRT with torch's own lines, torchrun reports the rank failed, and run.json keeps "exit_code": null.
 No process waits on rank 0's write of model.pt.
 
-Exit status: 0 done; 1 a bad file, setting or checkpoint, processes that see different checkpoints, or
+Exit status: 0 done; 1 a bad file, setting or checkpoint, processes that see different checkpoints, an
+--out that not every process sees or a --data of another length on some (checked once they join), or
 out of memory (one line on stderr, with the ledger's figure and what to lower first); 2 a bad argument; 3
 the loss or a gradient became NaN/inf (nothing saved after the last good checkpoint); 4 a process did not
 join or a collective waited past its timeout; 74 a checkpoint could not be saved (also when it was the
@@ -91,12 +92,14 @@ checkpoint; 78 --preflight found the box unlike the plan (a line marked WARN; 0 
 From the start of training on, rank 0 records its status in run.json, except where torch aborts (above)
 or another process failed first (out of memory there: torchrun ends rank 0).
 Run log (code/checkpoint.py's RunLog, rank 0): OUT/run.json (command, arguments, commit, devices, versions, times,
-exit code) and OUT/log.jsonl (one JSON line per log step), each written whole and renamed, never appended
-to (a bucket mounted by goofys refuses appends).
+exit code, and the launcher's TRAIN_ATTEMPT: launch/slurm.sbatch requeues only on a 75 of its own attempt)
+and OUT/log.jsonl (one JSON line per log step), each written whole and renamed, never appended to (a
+bucket mounted by goofys refuses appends).
 """
 import argparse
 import contextlib
 import os
+import secrets
 import signal
 import sys
 import time
@@ -257,6 +260,7 @@ def main(argv=None):
     try:
         with process_group("nccl" if device.type == "cuda" else "gloo", timeout_s=args.timeout_s):
             joined = True
+            check_shared_folders(out, data, device, ranks.rank, ranks.world)
             agree_on_resume(args, resume, device, ranks.world)
             if resume is not None and ranks.rank == 0:
                 checkpoint.remove_newer(out, resume[1]["step"])
@@ -300,6 +304,38 @@ def stop_with(ranks, code: int, message: str, every_rank=False):
         sys.exit(code)
     sys.stdout.flush()
     os._exit(code)
+
+
+def check_shared_folders(out: Path, data: "TokenSource", device, rank: int, world: int) -> None:
+    """--out must be one folder every process sees (a node-local disk holds only its node's shards, and
+    the mistake would show at the first resume, after the preemption the checkpoints were for), and --data
+    the same tokens everywhere. Rank 0 writes a file with a fresh name into --out, every process looks for
+    it after one all-reduce that hands them the name, and a second all-reduce tells all whether any missed
+    it or read another token count; refuse (exit 1) in one sentence before training if so."""
+    if world == 1:
+        return
+    nonce = torch.tensor(secrets.randbits(62) if rank == 0 else 0, device=device)
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f".shared-{int(nonce):x}").write_text("written by process 0 for the others to find\n")
+    dist.all_reduce(nonce)  # a sum: rank 0's value, and every process is past its write
+    mark = out / f".shared-{int(nonce):x}"
+    x = torch.tensor([int(not mark.is_file()), len(data), -len(data)], device=device)
+    dist.all_reduce(x, op=dist.ReduceOp.MAX)  # the others have all looked once this returns
+    missed, most, fewest = int(x[0]), int(x[1]), -int(x[2])
+    if rank == 0:
+        mark.unlink(missing_ok=True)
+    if missed:
+        why = (f"--out {out} is not one folder that every process sees: a file process 0 wrote there is missing "
+               f"on other processes; put --out on storage every node mounts (not a node-local disk such as /tmp)")
+    elif most != fewest:
+        why = (f"--data: the processes read token files of {fewest:,} and {most:,} tokens; --data must be "
+               "the same file on every node")
+    else:
+        return
+    if rank == 0:
+        refuse(why)
+    sys.exit(REFUSED)  # the others quietly: rank 0's line says it
 
 
 def agree_on_resume(args, resume, device, world: int) -> None:

@@ -42,6 +42,7 @@ SLOW_MODULES = {
     "test_calculator": "drives headless Chromium over chapter 12's calculator",
     "test_search_index": "builds a two-page book",
     "test_ddp": "starts two processes with torch.distributed.run",
+    "test_slurm": "starts a two-node Slurm cluster and trains through launch/slurm.sbatch",
     "test_pdf": "builds the PDF with xelatex (and the book first, if no build has these inputs)",
 }
 

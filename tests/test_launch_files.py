@@ -1,5 +1,6 @@
 """launch/: the Slurm batch file and the SkyPilot task launch the same torchrun line, which the
 two-node test in test_train_gpu.py runs on this machine (c10d rendezvous, one torchrun per node)."""
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -71,10 +72,13 @@ def test_train_gpu_and_torchrun_accept_the_launch_line():
     assert args.notice_s == ns.shutdown_timeout  # what the workers have after Slurm's --signal, for --preflight
 
 
-@pytest.mark.parametrize("status, requeued, rc", [(75, True, 0), (3, False, 1), (None, False, 1)])
-def test_slurm_requeues_on_the_preemption_status(tmp_path, status, requeued, rc):
+@pytest.mark.parametrize("status, attempt, requeued, rc", [(75, 1, True, 0), (75, 0, False, 1), (3, 1, False, 1),
+                                                       (None, 1, False, 1)])
+def test_slurm_requeues_on_the_preemption_status(tmp_path, status, attempt, requeued, rc):
     """The batch file run with stub srun/scontrol: torchrun exits 1 whatever happened; the status rank 0
-    recorded in run.json decides whether the job is requeued."""
+    recorded in run.json for this attempt (restart 1 here) decides whether the job is requeued, and a 75
+    that restart 0 left (this attempt's workers failed before training) does not. tests/test_slurm.py
+    runs the file on a real Slurm cluster."""
     import json
     import os
     import sys
@@ -88,13 +92,15 @@ def test_slurm_requeues_on_the_preemption_status(tmp_path, status, requeued, rc)
     out = tmp_path / "out"
     out.mkdir()
     if status is not None:
-        (out / "run.json").write_text(json.dumps({"exit_code": status}))
+        (out / "run.json").write_text(json.dumps({"exit_code": status, "attempt": f"slurm job 42 restart {attempt}"}))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(out), "SLURM_NNODES": "2",
-           "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_ID": "42"}
+           "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1",
+           "SLURM_GPUS_ON_NODE": "8", "VENV": str(tmp_path / "venv")}
     r = subprocess.run(["bash", str(SLURM)], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == rc, r.stdout + r.stderr
     log = (tmp_path / "scontrol.log").read_text()
     assert ("requeue 42" in log) == requeued, log
+    assert requeued or r.stdout.rstrip().endswith("not requeued"), r.stdout
 
 
 @pytest.mark.parametrize("recorded, expected", [
@@ -134,3 +140,37 @@ def test_skypilot_retries_only_what_another_node_can_change(tmp_path, recorded, 
     r = subprocess.run(["bash", "-c", sky["run"]], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == expected, r.stdout + r.stderr
     assert "--notice-s 30 " in (tmp_path / "argv").read_text()  # GCP's spot notice
+
+
+def older_python():
+    """A real Python older than 3.11 on this machine (on PATH or pyenv's), or None."""
+    import glob
+    import shutil
+    found = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.[89]*/bin/python3")) +
+                   glob.glob(os.path.expanduser("~/.pyenv/versions/3.10*/bin/python3")))
+    found += [shutil.which(f"python3.{minor}") for minor in (10, 9, 8)]  # a pyenv shim may not run: checked
+    return next((p for p in found if p and subprocess.run([p, "-V"], capture_output=True).returncode == 0), None)
+
+
+def test_slurm_says_in_one_sentence_that_the_python_is_too_old(tmp_path):
+    """C3: the install step's Python check, with a real Python 3.10 as PYTHON (srun is a stub that runs
+    its command here): one sentence naming the version the pins need, before any pip or venv."""
+    import sys
+    old = older_python()
+    if old is None:
+        pytest.skip("no Python older than 3.11 on this machine (python3.10 or pyenv's 3.10)")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho node1\n")
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
+           "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_ID": "42", "NPROC_PER_NODE": "1",
+           "PYTHON": old, "VENV": str(tmp_path / "venv")}
+    r = subprocess.run(["bash", str(SLURM)], env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    assert r.returncode != 0 and len(lines) == 1, r.stdout + r.stderr
+    assert lines[0].startswith("error: ") and "older than the 3.11 numpy 2.4.6 needs" in lines[0], lines
+    assert not (tmp_path / "venv").exists()

@@ -1230,3 +1230,33 @@ def test_processes_with_different_clocks_poll_at_the_same_steps(tmp_path):
     ranks = [json.loads((tmp_path / f"rank{r}").read_text()) for r in (0, 1)]
     assert ranks[0] == ranks[1], ranks
     assert ranks[0] == [[1, 2, 3, 6, 9, 12, 15, 18, 20, 23, 26, 29], 9], ranks
+
+
+@pytest.mark.parametrize("other, words", [((1, 100, -100), "is not one folder that every process sees"),
+                                          ((0, 200, -100), "token files of 100 and 200 tokens")])
+def test_an_out_or_data_not_every_process_sees_is_refused_in_one_sentence(tmp_path, capsys, monkeypatch, other,
+                                                                          words):
+    """check_shared_folders as rank 0 of 2, the other process's answer (it missed the file rank 0 wrote into
+    --out, or read another token count) added by a stand-in for the all-reduce; the file is removed.
+    tests/test_slurm.py runs it on two Slurm nodes with node-local disks."""
+    import torch.distributed as dist
+
+    import train_gpu
+    calls = []
+
+    def all_reduce(x, op=dist.ReduceOp.SUM):
+        calls.append(op)
+        if op == dist.ReduceOp.MAX:
+            x.copy_(torch.maximum(x, torch.tensor(other)))
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+
+    class Data:
+        def __len__(self):
+            return 100
+    with pytest.raises(SystemExit) as e:
+        train_gpu.check_shared_folders(tmp_path, Data(), torch.device("cpu"), 0, 2)
+    assert words in refusal(e, capsys) and calls == [dist.ReduceOp.SUM, dist.ReduceOp.MAX]
+    assert not list(tmp_path.glob(".shared-*"))
+    monkeypatch.setattr(dist, "all_reduce", lambda x, op=None: None)  # every process saw it: nothing to say
+    train_gpu.check_shared_folders(tmp_path, Data(), torch.device("cpu"), 0, 2)
+    assert not list(tmp_path.glob(".shared-*"))
