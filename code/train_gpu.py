@@ -231,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    # from the start, SIGTERM/SIGUSR1 stop the run at a step boundary with a checkpoint: a notice that arrives
+    # while the data loads or the processes join takes effect at the first step instead of killing them
+    stop = StopFlag()
     ranks = launch_ranks()
     accum = check_args(args, ranks.world)
     out = Path(args.out)
@@ -264,7 +267,7 @@ def main(argv=None):
             agree_on_resume(args, resume, device, ranks.world)
             if resume is not None and ranks.rank == 0:
                 checkpoint.remove_newer(out, resume[1]["step"])
-            code = run(args, device, ranks.rank, ranks.world, accum, precision, data, resume)
+            code = run(args, device, ranks.rank, ranks.world, accum, precision, data, resume, stop)
     except checkpoint.SaveFailed as e:  # every process raises it; the complete checkpoints are kept
         stop_with(ranks, EXIT_SAVE_FAILED, str(e))
     except torch.OutOfMemoryError as e:  # before RuntimeError, which it is
@@ -356,10 +359,10 @@ def agree_on_resume(args, resume, device, world: int) -> None:
                "for a copy or a bucket mount to finish) before the run resumes")
 
 
-def run(args, device, rank: int, world: int, accum: int, precision: str, data: "TokenSource", resume) -> int:
+def run(args, device, rank: int, world: int, accum: int, precision: str, data: "TokenSource", resume,
+        stop: "StopFlag") -> int:
     """Train from the start or from `resume` (folder, state) to --steps; return the exit status."""
     data.check_ids(device)
-    stop = StopFlag()  # from now on SIGTERM/SIGUSR1 stop the run at a step boundary, with a checkpoint
     t = setup(args, device, rank, world, accum, precision, data)
     if args.preflight:  # measure the box, train nothing; a warning is a status a launch script can stop on
         plan, n = planned_run(args, world, accum, precision), t.raw.num_params()

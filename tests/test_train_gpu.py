@@ -273,6 +273,18 @@ def poll_steps(step_s, steps, stop_at=None):
     return polls, stopped
 
 
+@slow
+def test_a_stop_signal_before_training_stops_at_the_first_step_with_a_checkpoint(tmp_path):
+    """A preemption notice that arrives while the data loads (before training starts) is not lost: the
+    process saves at the first step and exits 75, which the launch files requeue. Before the stop flag was
+    made at the top of main, SIGTERM killed the process there and run.json recorded nothing."""
+    r = run(RUN + ["--micro-batch", "16", "--out", str(tmp_path)], faults="early_signal=1", check=False)
+    assert r.returncode == 75, r.stdout + r.stderr
+    assert json.loads((tmp_path / "run.json").read_text(encoding="utf-8"))["exit_code"] == 75
+    (d,) = ckpt_dirs(tmp_path)
+    assert (d / ".metadata").is_file() and "stopped by SIGTERM" in r.stdout
+
+
 def test_the_stop_flag_is_polled_on_wall_time():
     """About every STOP_POLL_S seconds, whether a step takes 1 s or 10 ms: a stop is agreed within it."""
     import train_gpu

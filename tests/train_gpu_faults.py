@@ -1,7 +1,7 @@
 """Faults injected into train_gpu.py for the tests, by monkeypatching: nothing of this is on the
 reader's path. `python tests/train_gpu_faults.py ARGS` (also under torchrun) runs train_gpu.main with
 the faults named in the environment variable TRAIN_GPU_FAULTS, `nan=STEP,inf=STEP,stop=STEP,sleep=MS,
-hang=STEP,stall=STEP,oom=STEP,stale=1,env=1,slow_export=S,bucket=1`: a NaN loss from STEP on (what a
+hang=STEP,stall=STEP,oom=STEP,stale=1,env=1,slow_export=S,bucket=1,early_signal=1`: a NaN loss from STEP on (what a
 diverging run shows); an inf gradient at STEP on rank 0 of an fp16 run (what an fp16 overflow leaves); a
 stop request on the last rank at STEP (what a SIGTERM does); MS milliseconds of sleep per step (time for a
 test to send a real signal); the last rank stuck after STEP (a hung peer; its peers wait in the stop poll's
@@ -10,7 +10,8 @@ all-gathers and all-reduce, on the DeviceMesh's groups); torch.OutOfMemoryError 
 rank (what an allocation that does not fit raises); the last rank not seeing the newest checkpoint in --out
 (a bucket mount still syncing); each process printing TORCH_NCCL_ASYNC_ERROR_HANDLING as it joins; rank
 0's write of model.pt taking S seconds more (slow storage); --out refusing what an S3 bucket mounted by
-goofys refuses (bucket_rules). In-process tests call install(spec, monkeypatch.setattr)."""
+goofys refuses (bucket_rules); a SIGTERM to the process while it loads the data, before training.
+In-process tests call install(spec, monkeypatch.setattr)."""
 import builtins
 import errno
 import io
@@ -77,6 +78,13 @@ def install(spec: str, setattr=setattr) -> None:
         time.sleep(faults["slow_export"])
         return save_atomic(obj, path)
 
+    def signalled_while_loading(*a, **k):  # a preemption notice that arrives before training starts
+        os.kill(os.getpid(), signal.SIGTERM)
+        return token_source(*a, **k)
+
+    token_source = train_gpu.TokenSource
+    if faults.get("early_signal"):
+        setattr(train_gpu, "TokenSource", signalled_while_loading)
     process_group, save_atomic = train_gpu.process_group, train_gpu.checkpoint.save_atomic
     if faults.get("env"):
         setattr(train_gpu, "process_group", joining)
