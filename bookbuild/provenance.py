@@ -176,22 +176,24 @@ def duration_text(seconds: float) -> str:
     return " ".join(parts)
 
 
-def runtime_sentence(how: str, seconds: float | None, record: dict, build_machine: dict, link: str | None) -> str:
+def runtime_sentence(how: str, seconds: float | None, record: dict, build_machine: dict, link: str | None,
+                     unit: str = "本章") -> str:
     """The sentence at the top of a chapter's page: how long the chapter took to execute from top to
     bottom, and on which CPU. how: a key of HOW; record: the chapter's experiment record; link: the
-    provenance page's title, which the page turns into a link to it (None: no such page)."""
+    provenance page's title, which the page turns into a link to it (None: no such page); unit: 本章, or
+    本节 on a chapter's section page (section_unit)."""
     see = f"见{link}。" if link else ""
     if how in ("failed", "not executed"):
-        done = "本章执行失败" if how == "failed" else "没有执行本章"
+        done = f"{unit}执行失败" if how == "failed" else f"没有执行{unit}"
         return f"构建本书时{done}，页面上没有它的输出" + (f"；{see}" if see else "。")
     cpu = f"{record.get('CPU', '?')}，{record.get('CPU cores', '?')} 核"
     took = f"从头到尾执行用了 {duration_text(seconds)}" if seconds is not None else "执行用时没有记录"
     if not record:
-        where = "本章的输出来自一次没有留下实验记录的执行，"
+        where = f"{unit}的输出来自一次没有留下实验记录的执行，"
     elif same_machine(record, build_machine):
-        where = f"在构建本书的机器上（{cpu}），本章"
+        where = f"在构建本书的机器上（{cpu}），{unit}"
     else:
-        where = f"本页的输出来自另一台机器（{cpu}）上的一次执行，本章在那里"
+        where = f"本页的输出来自另一台机器（{cpu}）上的一次执行，{unit}在那里"
     return f"{where}{took}；你的机器上会不同" + (f"，{see}" if see else "。")
 
 
@@ -346,6 +348,11 @@ def add_runtime_sentence(app, doctree, docname):
     _add_runtime_sentence(app, doctree, docname)
 
 
+def section_unit(docname: str) -> str:
+    """What a page calls itself: 本节 on a chapter's section page (chapters/NN_M_name), else 本章."""
+    return "本节" if re.match(r"\d+_\d+_", docname.rpartition("/")[2]) else "本章"
+
+
 def _add_runtime_sentence(app, doctree, docname):
     if docname not in {book.docname(md) for md in book.chapters()}:
         return
@@ -353,7 +360,7 @@ def _add_runtime_sentence(app, doctree, docname):
     run = next(r["run"] for r in rows if r["docname"] == docname)
     page = next(iter(pages_with_the_table(app, app.env)), None)  # the provenance page
     link = app.env.titles[page].astext() if page in app.env.titles else None
-    sentence = runtime_sentence(run["how"], run["seconds"], run["record"], machine, link)
+    sentence = runtime_sentence(run["how"], run["seconds"], run["record"], machine, link, section_unit(docname))
     refuri = app.builder.get_relative_uri(docname, page) if link else None
     insert_after_first_paragraph(doctree, runtime_paragraph(sentence, link, refuri))
 

@@ -173,6 +173,11 @@ def test_runtime_sentence_names_the_cpu_and_the_time():
     assert "执行用时没有记录" in provenance.runtime_sentence("build", None, dict(HERE), HERE, LINK)
     assert "没有留下实验记录" in provenance.runtime_sentence("build", 10, {}, HERE, LINK)
     assert provenance.runtime_sentence("build", 10, dict(HERE), HERE, None).endswith("你的机器上会不同。")
+    unit = provenance.section_unit("chapters/09_1_noise")
+    section = provenance.runtime_sentence("build", 10, dict(HERE), HERE, LINK, unit)
+    assert "，本节从头到尾执行用了" in section and "本章" not in section  # a section page speaks of itself
+    assert provenance.section_unit("chapters/09_scaling") == "本章"
+    assert provenance.section_unit("chapters/12_2_plan") == "本节"
 
 
 def test_runtime_sentence_says_plainly_when_nothing_ran():
