@@ -128,10 +128,10 @@ def shims():
     import torch.distributed.device_mesh as dm
     import torch.nn.functional as F
     from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
     import data
     import model
-    from torch.distributed.tensor._sharding_prop import ShardingPropagator
     real_mesh, real_batches = dm.init_device_mesh, data.Sampler.step_batches
     real_prop = ShardingPropagator._propagate_tensor_meta_non_cached
     real_sdpa, real_cpu = F.scaled_dot_product_attention, model.cpu_kernels
@@ -159,6 +159,35 @@ def shims():
         ShardingPropagator._propagate_tensor_meta_non_cached = real_prop
         F.scaled_dot_product_attention, model.cpu_kernels = real_sdpa, real_cpu
         lib._destroy()
+
+
+@contextlib.contextmanager
+def fake_group(rank: int, world: int, per_node: int):
+    """This process as `rank` of `world` on torch's fake process group, LOCAL_WORLD_SIZE as torchrun sets
+    it; afterwards the group destroyed and DTensor's sharding caches cleared, so that the next group starts
+    afresh (destroy and init again work in one process, but the caches key on a mesh's shape, not its rank,
+    and would hand a new group the old one's mesh)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    saved = os.environ.get("LOCAL_WORLD_SIZE")
+    os.environ["LOCAL_WORLD_SIZE"] = str(per_node)
+    if world > 1:
+        dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        prop = DTensor._op_dispatcher.sharding_propagator
+        prop.propagate_op_sharding.cache.cache_clear()
+        prop._propagate_tensor_meta_cached.cache_clear()
+        torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch's copy of the same
+        if saved is None:
+            os.environ.pop("LOCAL_WORLD_SIZE", None)
+        else:
+            os.environ["LOCAL_WORLD_SIZE"] = saved
 
 
 # ---- one plan ------------------------------------------------------------------------------------------
@@ -195,55 +224,40 @@ def simulate(script_args, world: int, per_node: int, gpu: str = "H100", breakdow
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import train_gpu
     args = train_gpu.build_parser().parse_args([*script_args, "--device", "cpu"])
-    saved = os.environ.get("LOCAL_WORLD_SIZE")
-    os.environ["LOCAL_WORLD_SIZE"] = str(per_node)  # as torchrun sets it: HSDP's shard group
-    try:
+    with fake_group(0, world, per_node):
         accum = train_gpu.check_args(args, world)
         precision = _precision(gpu)
         run = train_gpu.planned_run(args, world, accum, precision)
         sharded = run.sharded
-        # DDP (shim "ddp"): its one process; FSDP, HSDP: the real world on the fake group
-        ranks = world if sharded else 1
-        if ranks > 1:
-            dist.init_process_group("fake", rank=0, world_size=ranks, store=FakeStore())
+        ranks = world if sharded else 1  # DDP: shim "ddp", its one process
+        if not sharded and dist.is_initialized():
+            dist.destroy_process_group()
         device = torch.device("cpu")
-        try:
-            with shims(), FakeTensorMode(allow_non_fake_inputs=True):
-                micro = min(accum, MICRO_BATCHES)  # shim "accumulation"; DDP: shim "ddp"
-                args.global_batch_tokens = args.micro_batch * args.seq_len * ranks * micro
-                t = train_gpu.setup(args, device, 0, ranks, micro, precision, _Tokens(args.seq_len))
-                t.model.train()
-                for p in t.raw.parameters():  # shim "first step": AdamW's moments from zero gradients
-                    p.grad = torch.zeros_like(p)
+        with shims(), FakeTensorMode(allow_non_fake_inputs=True):
+            micro = min(accum, MICRO_BATCHES)  # shim "micro-batches"
+            args.global_batch_tokens = args.micro_batch * args.seq_len * ranks * micro
+            t = train_gpu.setup(args, device, 0, ranks, micro, precision, _Tokens(args.seq_len))
+            t.model.train()
+            for p in t.raw.parameters():  # shim "first step": AdamW's moments from zero gradients
+                p.grad = torch.zeros_like(p)
+            train_gpu.optimizer_step(t)
+            tracker = FSDPMemTracker(t.model, t.opt) if sharded else MemTracker()
+            with tracker:
+                if not sharded:
+                    tracker.track_external(t.model, t.opt)
+                if micro > 1:
+                    _reset_between_micro_batches(t, tracker)
+                train_gpu.train_step(t, 1)
                 train_gpu.optimizer_step(t)
-                tracker = FSDPMemTracker(t.model, t.opt) if sharded else MemTracker()
-                with tracker:
-                    if not sharded:
-                        tracker.track_external(t.model, t.opt)
-                    if micro > 1:
-                        _reset_between_micro_batches(t, tracker)
-                    train_gpu.train_step(t, 1)
-                    train_gpu.optimizer_step(t)
-                peak = tracker.get_tracker_snapshot("peak")
-                out = {"tracker": peak[device]["Total"] / 2**20 if device in peak else
-                       next(iter(peak.values()))["Total"] / 2**20,
-                       "parts": {k: v / 2**20 for k, v in next(iter(peak.values())).items() if v},
-                       "mesh": mesh_of(t), "accum": accum, "precision": precision}
-                if breakdown:
-                    tracker.display_modulewise_snapshots(depth=2, units="MiB", tabulate=False)
-                    out["modules"] = _module_peaks(tracker)
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-    finally:
-        if saved is None:
-            os.environ.pop("LOCAL_WORLD_SIZE", None)
-        else:
-            os.environ["LOCAL_WORLD_SIZE"] = saved
+            peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+            out = {"tracker": peak["Total"] / 2**20,
+                   "parts": {str(getattr(k, "value", k)): v / 2**20 for k, v in peak.items() if v},
+                   "mesh": mesh_of(t), "accum": accum, "precision": precision}
+            if breakdown:
+                out["modules"] = _module_peaks(tracker)
     out["ledger"] = train_gpu.ledger_mib(run, _param_count(args))
     out["ratio"] = out["tracker"] / out["ledger"]
     out["scheme"] = run.scheme if run.gpus > 1 else "1 GPU"
