@@ -486,10 +486,30 @@ def _n_layer(run: Run) -> int:
     return 1 if run.shape is None else run.shape.n_layer  # the size alone: one block-like unit
 
 
+def prefetched_bytes(run: Run) -> int:
+    """FSDP2, resharding after forward (zero3, hsdp): at the start of backward, while the loss's temporaries
+    exist, its pre-backward hook has already all-gathered the last block for its backward: that all-gather's
+    output, param_dtype, padded (torch's FSDPParamGroup.pre_backward, FSDPState._pre_backward prefetch)."""
+    if not run.sharded or run.scheme not in ("zero3", "hsdp") or run.shape is None or run.shard_group == 1:
+        return 0
+    return run.param_bytes * unit_numels(run)["block"]["padded"]
+
+
+def grads_at_peak(run: Run) -> bool:
+    """Whether the gradients run_state_bytes counts ('grads') exist when the activations peak at the start
+    of the last micro-batch's backward: only as earlier micro-batches left them. None with one micro-batch
+    (the step before set them to None); none under FSDP whose reduce-scatter waits for the last micro-batch
+    (its whole gradients exist instead: 'whole grads'); DDP's and one process's, and FSDP's shards with
+    sync_every, from the second micro-batch on."""
+    return run.accum > 1 and (not run.sharded or run.sync_every)
+
+
 def run_peak_bytes(run: Run, n_params: int | None = None) -> dict:
     """Peak bytes per process by part, and their 'total': the state (run_state_bytes), the gathered
-    weights (gathered_bytes) and the activations at their peak (as step_bytes picks it). Without a
-    shape: the state and the gathered weights alone."""
+    weights (gathered_bytes), the block FSDP2 prefetches for backward (prefetched_bytes) and the
+    activations at their peak (as step_bytes picks it). Without a shape: the state and the gathered
+    weights alone. At the end of forward the gradients exist only as grads_at_peak says; with
+    checkpointing, when recomputing the last block is the larger moment, they are counted (some exist)."""
     out = {k: v for k, v in run_state_bytes(run, n_params).items()}
     out["gathered weights"] = gathered_bytes(run)
     if partial_reduce_bytes(run):  # HSDP's sum of reduce-scatters awaiting the step's one all-reduce
@@ -497,7 +517,11 @@ def run_peak_bytes(run: Run, n_params: int | None = None) -> dict:
     if run.shape is None:
         out["total"] = sum(out.values())
         return out
-    out.update(peak_moment(run_activation_bytes(run), logits_bytes(run.shape, run.kernels)["temporary"],
-                           run.checkpoint))
+    if prefetched_bytes(run):
+        out["prefetched block"] = prefetched_bytes(run)
+    act = peak_moment(run_activation_bytes(run), logits_bytes(run.shape, run.kernels)["temporary"], run.checkpoint)
+    if act["logit temporaries"] and not grads_at_peak(run):  # the end of forward: no gradients yet
+        out["grads"] = 0
+    out.update(act)
     out["total"] = sum(out.values())
     return out
