@@ -9,26 +9,24 @@ rehearsal's printed_plans: each named model on the common GPUs, on 1, 8, 16 and 
 --checkpoint-activations), train_gpu.py's own build_parser, check_args, setup, train_step and
 optimizer_step run as process 0 of the command's world, unshrunk, on the `fake` process group (collectives
 return at once and move nothing) under FakeTensorMode (tensors with shapes and no data), with the precision
-the GPU's `--precision auto` picks. Two steps: the second, which starts with AdamW's moments in place as
-every later step does, is measured by torch.distributed._tools' FSDPMemTracker (FSDP, HSDP) or MemTracker
+the GPU's `--precision auto` picks. One step, begun with AdamW's moments in place as every step after the
+first is, measured by torch.distributed._tools' FSDPMemTracker (FSDP, HSDP) or MemTracker
 (DDP and one GPU). Its peak per GPU is set beside the memory ledger's (train_gpu.ledger_mib of the same
 planned_run), with the mesh and the placements setup() built.
 
-The shims, each because something cannot run on fake tensors or on this CPU build (SHIMS lists them):
-  mesh      init_device_mesh runs outside fake mode: it lists its ranks with .tolist(), which a fake
-            tensor cannot answer (the DeviceMesh is then the one the script asked for)
-  sampler   Sampler.step_batches runs outside fake mode: its .tolist() of start positions likewise; its
-            batches are real int64 tensors of the plan's shape, read from a stand-in of zeros
-  kernels   model.cpu_kernels answers False: the model takes its GPU branches (the default attention
-            kernel, the loss over the full fp32 logits) though the fake tensors are on the CPU
-  flash     the default attention is CUDA's flash kernel, aten._scaled_dot_product_flash_attention, by its
-            fake implementation (the CPU dispatches SDPA to the CPU's flash kernel); its output laid out as
-            CUDA's kernel allocates it, (batch, seq, head, dim) seen as (batch, head, seq, dim), so that
-            the projection's input is a view of it as on a GPU (torch's meta function copies the query's
-            layout, whose (batch, head, seq, dim) order would make a copy per layer that no GPU makes)
-  ddp       DDP over the fake group is not built (its constructor's bucket broadcast hits an internal
-            assert of the fake group): a DDP plan is measured as its one process (DDP with
-            gradient_as_bucket_view adds no memory the ledger counts), its accumulation kept
+Only what cannot run on fake tensors or on this CPU build is shimmed, or what would only cost time:
+SHIMS names each in one line, with why, and the table prints them. The findings they rest on:
+  - the tracker, entered inside FakeTensorMode, counts what DTensor's sharding propagation makes to infer
+    an output's global shape (it runs in the active fake mode: _sharding_prop.py, detect_fake_mode()).
+    At clip_grad_norm_'s foreach norm and scaling that is every gradient at its whole, unsharded size in
+    fp32: 26 GB at 7B, which made the tracker's peak with activation recomputation at width 4096 several
+    times the ledger's. A GPU allocates none of it (shim "propagation");
+  - destroy_process_group and a new init work in one process, but DTensor's sharding caches (Python's and
+    the C++ dispatch's) key on a mesh's shape, not its rank, and hand the new group the old one's mesh
+    (fake_group clears them);
+  - torch's meta function of CUDA's flash attention gives its output the query's layout, where CUDA's
+    kernel allocates (batch, seq, head, dim) and returns it transposed: the model's transpose().reshape is
+    then a copy per block on the CPU and a view on a GPU (shim "flash").
 What it does not see: the kernels themselves (autocast on CUDA, torch.compile, the CUDA flash kernel's
 workspace), the CUDA context, NCCL's buffers and the allocator's fragmentation. PyTorch's own GPU tests hold
 these trackers to ±10 % of CUDA's allocated peak.
@@ -58,11 +56,12 @@ SHIMS = {
     "flash": "SDPA as CUDA's flash kernel by its fake implementation, its output in CUDA's layout",
     "propagation": "DTensor's sharding propagation in a FakeTensorMode of its own (its global-shape placeholders "
                    "are not memory a GPU holds)",
-    "peak": "the trackers keep only their global peak, not each module's (for speed; --breakdown keeps them)",
+    "peak": "the trackers keep only their global peak, not each module's (for speed; breakdown=True keeps them)",
     "first step": "AdamW's moments made by optimizer_step on zero gradients, not by a first forward and backward",
     "micro-batches": f"at most {MICRO_BATCHES} per step: from the second on each holds what the second does",
     "accumulation": "the tracker's per-module statistics cleared between micro-batches (it refuses a 2nd forward)",
-    "ddp": "DDP measured as its one process (DDP's constructor fails on the fake group)",
+    "ddp": "DDP measured as its one process: its backward's all-reduce hook fails on the fake group "
+           "(comm.cpp:114 internal assert); gradient_as_bucket_view adds nothing the ledger counts",
 }
 
 
@@ -351,6 +350,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     selected = plans(args.models, tuple(args.gpus), tuple(args.counts))
+    print("shims: " + "; ".join(f"{k}: {v}" for k, v in SHIMS.items()) + "\n")
     print(HEADER, flush=True)
     rows = table_rows(selected, lambda s: print(s, flush=True))
     total = time.perf_counter() - t0
