@@ -215,7 +215,7 @@ def corrected_rows(peak_flops: float = H100.peak_flops, mfu: float = DEFAULT_MFU
 
 
 STATE_PARTS = ("weights", "grads", "optimizer", "buckets", "whole grads", "gathered weights", "prefetched block",
-               "partial reduce")
+               "partial reduce", "unsharded grads", "reduce-scatter input")
 
 
 def _state(parts: dict) -> float:

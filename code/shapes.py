@@ -504,6 +504,35 @@ def grads_at_peak(run: Run) -> bool:
     return run.accum > 1 and (not run.sharded or run.sync_every)
 
 
+def backward_block_bytes(run: Run) -> dict:
+    """FSDP2 in the backward of one block, the largest such moment: {part: bytes}, 'total' their sum beyond
+    the weights' and optimizer's shards. At block i (counting from the first): the gathered root and its
+    param_dtype gradient (the tied head's, from the start of backward until the root's reduce-scatter at the
+    end); block i gathered (zero3, hsdp; zero2 keeps every block) and its param_dtype gradients; block i-1's
+    all-gather already issued (prefetch); block i+1's fp32 reduce-scatter input, which FSDP2 keeps until the
+    next block's reduce-scatter (FSDPCommContext.reduce_scatter_states); the fp32 gradient shards of the
+    blocks after i; and what the blocks up to i saved (with checkpointing their inputs and block i's
+    recomputed activations). Where the weights are large against the activations (width 4096, one sequence
+    of 4096 tokens, checkpointing) this is the step's peak, not the end of forward. FSDP only; {} else."""
+    if not run.sharded or run.shape is None or run.shard_group == 1:
+        return {}
+    u, n_layer, pb = unit_numels(run), run.shape.n_layer, run.param_bytes
+    act = run_activation_bytes(run)
+    per_layer = act["layers"] // n_layer
+    gathered_block = 0 if run.scheme == "zero2" else pb * u["block"]["whole"]
+    best = {}
+    for i in range(n_layer):
+        parts = {"gathered weights": gathered_bytes(run) + gathered_block,
+                 "prefetched block": (pb * u["block"]["padded"] if i > 0 and gathered_block else 0),
+                 "unsharded grads": pb * (u["root"]["whole"] + u["block"]["whole"]),
+                 "reduce-scatter input": 4 * u["block"]["padded"] if i < n_layer - 1 else 0,
+                 "grads": 4 * (n_layer - 1 - i) * u["block"]["shard"],
+                 "layers": (i + 1) * per_layer, "recomputed block": act["recomputed block"]}
+        if sum(parts.values()) > sum(best.values()):
+            best = parts
+    return best
+
+
 def run_peak_bytes(run: Run, n_params: int | None = None) -> dict:
     """Peak bytes per process by part, and their 'total': the state (run_state_bytes), the gathered
     weights (gathered_bytes), the block FSDP2 prefetches for backward (prefetched_bytes) and the
@@ -524,4 +553,10 @@ def run_peak_bytes(run: Run, n_params: int | None = None) -> dict:
         out["grads"] = 0
     out.update(act)
     out["total"] = sum(out.values())
+    backward = backward_block_bytes(run)
+    if backward:  # FSDP: the backward of a block, if larger; its parts replace those of the same names
+        state = {k: out[k] for k in ("weights", "optimizer", "buckets", "whole grads", "partial reduce") if k in out}
+        moment = {**state, **{k: 0 for k in act}, **backward}
+        if sum(moment.values()) > out["total"]:
+            out = {**moment, "total": sum(moment.values())}
     return out
