@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .book import REPO
-from .rehearse import COMMON_GPUS, Command, printed_plans, world_of
+from .rehearse import COMMON_GPUS, Command, printed_plans, value, world_of
 
 sys.path.insert(0, str(REPO / "code"))
 
@@ -317,8 +317,9 @@ def _module_peaks(tracker) -> dict:
 
 # ---- the table -----------------------------------------------------------------------------------------
 
-def table_rows(selected: list, log=print) -> list:
-    rows = []
+def table_rows(selected: list, log=print, rows=None) -> list:
+    """One row per plan (simulate), each handed to log as a line of the table as soon as it is measured."""
+    rows = [] if rows is None else rows
     for plan in selected:
         t0 = time.perf_counter()
         label = plan.label()
@@ -347,16 +348,26 @@ def main(argv=None) -> int:
     p.add_argument("--gpus", nargs="*", default=list(COMMON_GPUS), help="GPU names (default: %(default)s)")
     p.add_argument("--counts", nargs="*", type=int, default=list(FULL_SIZE_COUNTS))
     p.add_argument("--output", type=Path, default=OUTPUT)
+    p.add_argument("--sharded-first", action="store_true",
+                   help="the FSDP and HSDP plans first (seconds each; DDP's and one GPU's, under MemTracker, longer)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     selected = plans(args.models, tuple(args.gpus), tuple(args.counts))
+    if args.sharded_first:
+        selected.sort(key=lambda plan: plan.world == 1 or value(plan.command.args, "--shard") in (None, "ddp"))
     print("shims: " + "; ".join(f"{k}: {v}" for k, v in SHIMS.items()) + "\n")
     print(HEADER, flush=True)
-    rows = table_rows(selected, lambda s: print(s, flush=True))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+
+    def log(text):
+        print(text, flush=True)
+        args.output.write_text(json.dumps({"rows": rows, "seconds": round(time.perf_counter() - t0, 1),
+                                           "shims": SHIMS}, ensure_ascii=False, indent=1))
+    rows = table_rows(selected, log, rows)
     total = time.perf_counter() - t0
     bad = [r for r in rows if abs(r["ratio"] - 1) > TOLERANCE]
     print(f"\n{len(rows)} plans in {total:.0f} s; {len(bad)} outside ±{TOLERANCE:.0%} of the ledger")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({"rows": rows, "seconds": round(total, 1), "shims": SHIMS},
                                       ensure_ascii=False, indent=1))
     return 1 if bad else 0
