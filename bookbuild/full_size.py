@@ -87,12 +87,12 @@ class Plan:
 
 
 def plans(models=None, gpus=COMMON_GPUS, counts=FULL_SIZE_COUNTS) -> list:
-    """Every printed command of the rehearsal's enumeration, once per distinct (command, world)."""
+    """Every printed command of the rehearsal's enumeration, once per distinct (command, world, precision)."""
     out, seen = [], set()
     for argv, cmd in printed_plans(models, gpus, counts):
         if cmd is None or isinstance(cmd, tuple):  # no command, or one a parser refuses (the rehearsal's)
             continue
-        key = (cmd.args, world_of(cmd.launcher))
+        key = (cmd.args, world_of(cmd.launcher), _precision(dict(zip(argv[::2], argv[1::2]))["--gpu"]))
         if key not in seen:
             seen.add(key)
             out.append(Plan(argv, cmd))
