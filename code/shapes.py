@@ -7,7 +7,7 @@
                  derived term by term from this model's own operations (memory.trace_saved_bytes counts
                  the same from a real forward pass; the tests hold the two equal to the byte);
   a run          train_gpu.py's run on each of its processes (Run): the state it holds, the gathered
-                 weights, the activations at their peak (run_peak_bytes) and the bytes each collective
+                 weights, the peak of the step (run_peak_bytes) and the bytes each collective
                  sends (run_messages, run_sent_bytes).
 
 This is the memory ledger's half that train_gpu.py prints, so the script a reader copies carries it
@@ -534,11 +534,14 @@ def backward_block_bytes(run: Run) -> dict:
 
 
 def run_peak_bytes(run: Run, n_params: int | None = None) -> dict:
-    """Peak bytes per process by part, and their 'total': the state (run_state_bytes), the gathered
-    weights (gathered_bytes), the block FSDP2 prefetches for backward (prefetched_bytes) and the
-    activations at their peak (as step_bytes picks it). Without a shape: the state and the gathered
-    weights alone. At the end of forward the gradients exist only as grads_at_peak says; with
-    checkpointing, when recomputing the last block is the larger moment, they are counted (some exist)."""
+    """Peak bytes per process by part, and their 'total', at the largest of three moments: the end of
+    forward (the start of the last micro-batch's backward, the loss's temporaries alive), with
+    checkpointing the recomputation of the last block, and under FSDP the backward of a block
+    (backward_block_bytes). The parts: the state (run_state_bytes), the gathered weights (gathered_bytes),
+    the block FSDP2 prefetches for backward (prefetched_bytes) and the activations (as step_bytes picks
+    them). At the end of forward the gradients exist only as grads_at_peak says; at the recomputation
+    they are counted (some exist). Without a shape: the state and the gathered weights alone. Held to
+    torch's memory trackers on every printed plan at full size by bookbuild/full_size.py."""
     out = {k: v for k, v in run_state_bytes(run, n_params).items()}
     out["gathered weights"] = gathered_bytes(run)
     if partial_reduce_bytes(run):  # HSDP's sum of reduce-scatters awaiting the step's one all-reduce
