@@ -495,6 +495,17 @@ def prefetched_bytes(run: Run) -> int:
     return run.param_bytes * unit_numels(run)["block"]["padded"]
 
 
+def autocast_cache_bytes(run: Run) -> int:
+    """DDP and one process with checkpointing: autocast caches the bf16 copy of every weight it casts until
+    the autocast region ends (torch's autocast weight cache), so at the loss's forward every block's copies
+    are held though checkpointing saves none for backward (activation_bytes counts the recomputed block's);
+    with the fp32 logits that log_softmax reads this can outweigh the start of backward (1.5B, 48 blocks,
+    on one GPU: 2.7 GiB of copies). Without checkpointing they are saved anyway ('weight copies'). 0 else."""
+    if run.sharded or not run.checkpoint or run.shape is None or run.kernels != "gpu" or run.precision == "fp32":
+        return 0
+    return run.shape.n_layer * weight_copy_bytes(run.shape, run.kernels)["blocks"]
+
+
 def grads_at_peak(run: Run) -> bool:
     """Whether the gradients run_state_bytes counts ('grads') exist when the activations peak at the start
     of the last micro-batch's backward: only as earlier micro-batches left them. None with one micro-batch
@@ -556,6 +567,13 @@ def run_peak_bytes(run: Run, n_params: int | None = None) -> dict:
         out["grads"] = 0
     out.update(act)
     out["total"] = sum(out.values())
+    cached = autocast_cache_bytes(run)
+    if cached and act["logit temporaries"]:  # the loss's forward, still inside autocast, if larger
+        fwd = {**act, "weight copies": act["weight copies"] + cached,
+               "logit temporaries": logits_bytes(run.shape, run.kernels)["saved"]}
+        if sum(fwd.values()) > sum(act.values()):
+            out.update(fwd)
+            out["total"] = sum(v for k, v in out.items() if k != "total")
     backward = backward_block_bytes(run)
     if backward:  # FSDP: the backward of a block, if larger; its parts replace those of the same names
         state = {k: out[k] for k in ("weights", "optimizer", "buckets", "whole grads", "partial reduce") if k in out}
