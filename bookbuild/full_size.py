@@ -347,7 +347,7 @@ def main(argv=None) -> int:
     p.add_argument("--models", nargs="*", help="named models (default: every one of budget.MODELS)")
     p.add_argument("--gpus", nargs="*", default=list(COMMON_GPUS), help="GPU names (default: %(default)s)")
     p.add_argument("--counts", nargs="*", type=int, default=list(FULL_SIZE_COUNTS))
-    p.add_argument("--output", type=Path, default=OUTPUT)
+    p.add_argument("--output", type=Path, default=OUTPUT, help="the JSON table (the Markdown table beside it)")
     p.add_argument("--sharded-first", action="store_true",
                    help="the FSDP and HSDP plans first (seconds each; DDP's and one GPU's, under MemTracker, longer)")
     args = p.parse_args(argv)
@@ -370,6 +370,9 @@ def main(argv=None) -> int:
     print(f"\n{len(rows)} plans in {total:.0f} s; {len(bad)} outside ±{TOLERANCE:.0%} of the ledger")
     args.output.write_text(json.dumps({"rows": rows, "seconds": round(total, 1), "shims": SHIMS},
                                       ensure_ascii=False, indent=1))
+    args.output.with_suffix(".md").write_text("\n".join([
+        HEADER, *map(line, rows), "", f"{len(rows)} plans in {total:.0f} s; {len(bad)} outside ±{TOLERANCE:.0%}",
+        "", *(f"- shim {k}: {v}" for k, v in SHIMS.items())]) + "\n")
     return 1 if bad else 0
 
 
