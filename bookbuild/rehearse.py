@@ -364,31 +364,44 @@ def _accum_of(cmd: Command) -> int:
     return max(1, ns.global_batch_tokens // (ns.micro_batch * ns.seq_len * launches * per_node))
 
 
-def plan_specs(models=None, gpus=COMMON_GPUS, counts=PLAN_GPU_COUNTS) -> tuple:
-    """(specs, plans without a command): one spec per distinct shrunk command the budget prints."""
-    specs, none, seen = [], [], {}
+def printed_plans(models=None, gpus=COMMON_GPUS, counts=PLAN_GPU_COUNTS):
+    """(budget arguments, Command, or None where it prints no command, or the Refused of a line that a
+    parser refuses, with the line) for each named model on each of `gpus`, on each of `counts` GPUs, with
+    and without --checkpoint-activations: the plans the budget prints (bookbuild/full_size.py runs them too)."""
     for model, gpu, n, ck in itertools.product(models or tuple(budget.MODELS), gpus, counts, (False, True)):
         argv = ["--model", model, "--gpu", gpu, "--gpus", str(n), *(["--checkpoint-activations"] if ck else [])]
         lines = printed_commands(argv)
         if not lines:
-            none.append(argv)
+            yield argv, None
         for line in lines:
             try:
-                cmd = parse_command(line)
+                yield argv, parse_command(line)
             except Refused as e:
-                specs.append(Spec(f"p{len(specs) + 1}", [argv], Command((), line, ()), 1, 1, 1, 1,
-                                  checks=("parse",), group=str(e)))
-                continue
-            launches, per_node = world_of(cmd.launcher)
-            shrunk = (1, 1) if launches * per_node == 1 else (1, 4) if launches == 1 else (2, 2)
-            spec = Spec(f"p{len(specs) + 1}", [argv], cmd, *shrunk, 2 if _accum_of(cmd) > 1 else 1,
-                        int(value(cmd.args, "--micro-batch")))
-            key = _key(spec)
-            if key in seen:
-                seen[key].plans.append(argv)
-            else:
-                specs.append(spec)
-                seen[key] = spec
+                yield argv, (e, line)
+
+
+def plan_specs(models=None, gpus=COMMON_GPUS, counts=PLAN_GPU_COUNTS) -> tuple:
+    """(specs, plans without a command): one spec per distinct shrunk command the budget prints."""
+    specs, none, seen = [], [], {}
+    for argv, cmd in printed_plans(models, gpus, counts):
+        if cmd is None:
+            none.append(argv)
+            continue
+        if isinstance(cmd, tuple):  # refused by a parser
+            e, line = cmd
+            specs.append(Spec(f"p{len(specs) + 1}", [argv], Command((), line, ()), 1, 1, 1, 1,
+                              checks=("parse",), group=str(e)))
+            continue
+        launches, per_node = world_of(cmd.launcher)
+        shrunk = (1, 1) if launches * per_node == 1 else (1, 4) if launches == 1 else (2, 2)
+        spec = Spec(f"p{len(specs) + 1}", [argv], cmd, *shrunk, 2 if _accum_of(cmd) > 1 else 1,
+                    int(value(cmd.args, "--micro-batch")))
+        key = _key(spec)
+        if key in seen:
+            seen[key].plans.append(argv)
+        else:
+            specs.append(spec)
+            seen[key] = spec
     return specs, none
 
 

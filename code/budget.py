@@ -216,7 +216,8 @@ def corrected_rows(peak_flops: float = H100.peak_flops, mfu: float = DEFAULT_MFU
     return rows
 
 
-STATE_PARTS = ("weights", "grads", "optimizer", "buckets", "whole grads", "gathered weights", "partial reduce")
+STATE_PARTS = ("weights", "grads", "optimizer", "buckets", "whole grads", "gathered weights", "prefetched block",
+               "partial reduce", "unsharded grads", "reduce-scatter input")
 
 
 def _state(parts: dict) -> float:

@@ -56,6 +56,13 @@ def apply_rope(x, cos, sin):
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
+def cpu_kernels(x: torch.Tensor) -> bool:
+    """Whether the model runs its CPU branches for x (the math attention kernel, the blocked loss) or the
+    GPU's (the default attention kernel, the loss over the full logits): by x's device. One place, so that
+    bookbuild/full_size.py can run the GPU's program on fake CPU tensors."""
+    return x.device.type == "cpu"
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -75,7 +82,7 @@ class CausalSelfAttention(nn.Module):
                 k, v = torch.cat([kv["k"], k], dim=2), torch.cat([kv["v"], v], dim=2)
                 causal = False  # the one new token sees every token before it
             kv["k"], kv["v"] = k, v
-        if x.device.type == "cpu":
+        if cpu_kernels(x):
             # the CPU flash kernel's bf16 backward is slow, and written out as matmuls + softmax
             # torch.compile can fuse it: measured faster here in bf16 and under compile, no slower in fp32 eager
             with sdpa_kernel(SDPBackend.MATH):
@@ -172,7 +179,7 @@ def vocab_cross_entropy(h, weight, targets, block: int | None = None):
     On a GPU it is the plain form: torch.compile fuses it there and the logits fit in memory.
     """
     block = block or VOCAB_BLOCK
-    if h.device.type != "cpu":
+    if not cpu_kernels(h):
         return F.cross_entropy(torch.mm(h, weight.t().to(h.dtype)).float(), targets)
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
         return _VocabCrossEntropy.apply(h, weight, targets, block)

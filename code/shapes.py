@@ -7,7 +7,7 @@
                  derived term by term from this model's own operations (memory.trace_saved_bytes counts
                  the same from a real forward pass; the tests hold the two equal to the byte);
   a run          train_gpu.py's run on each of its processes (Run): the state it holds, the gathered
-                 weights, the activations at their peak (run_peak_bytes) and the bytes each collective
+                 weights, the peak of the step (run_peak_bytes) and the bytes each collective
                  sends (run_messages, run_sent_bytes).
 
 This is the memory ledger's half that train_gpu.py prints, so the script a reader copies carries it
@@ -486,10 +486,73 @@ def _n_layer(run: Run) -> int:
     return 1 if run.shape is None else run.shape.n_layer  # the size alone: one block-like unit
 
 
+def prefetched_bytes(run: Run) -> int:
+    """FSDP2, resharding after forward (zero3, hsdp): at the start of backward, while the loss's temporaries
+    exist, its pre-backward hook has already all-gathered the last block for its backward: that all-gather's
+    output, param_dtype, padded (torch's FSDPParamGroup.pre_backward, FSDPState._pre_backward prefetch)."""
+    if not run.sharded or run.scheme not in ("zero3", "hsdp") or run.shape is None or run.shard_group == 1:
+        return 0
+    return run.param_bytes * unit_numels(run)["block"]["padded"]
+
+
+def autocast_cache_bytes(run: Run) -> int:
+    """DDP and one process with checkpointing: autocast caches the bf16 copy of every weight it casts until
+    the autocast region ends (torch's autocast weight cache), so at the loss's forward every block's copies
+    are held though checkpointing saves none for backward (activation_bytes counts the recomputed block's);
+    with the fp32 logits that log_softmax reads this can outweigh the start of backward (1.5B, 48 blocks,
+    on one GPU: 2.7 GiB of copies). Without checkpointing they are saved anyway ('weight copies'). 0 else."""
+    if run.sharded or not run.checkpoint or run.shape is None or run.kernels != "gpu" or run.precision == "fp32":
+        return 0
+    return run.shape.n_layer * weight_copy_bytes(run.shape, run.kernels)["blocks"]
+
+
+def grads_at_peak(run: Run) -> bool:
+    """Whether the gradients run_state_bytes counts ('grads') exist when the activations peak at the start
+    of the last micro-batch's backward: only as earlier micro-batches left them. None with one micro-batch
+    (the step before set them to None); none under FSDP whose reduce-scatter waits for the last micro-batch
+    (its whole gradients exist instead: 'whole grads'); DDP's and one process's, and FSDP's shards with
+    sync_every, from the second micro-batch on."""
+    return run.accum > 1 and (not run.sharded or run.sync_every)
+
+
+def backward_block_bytes(run: Run) -> dict:
+    """FSDP2 in the backward of one block, the largest such moment: {part: bytes}, 'total' their sum beyond
+    the weights' and optimizer's shards. At block i (counting from the first): the gathered root and its
+    param_dtype gradient (the tied head's, from the start of backward until the root's reduce-scatter at the
+    end); block i gathered (zero3, hsdp; zero2 keeps every block) and its param_dtype gradients; block i-1's
+    all-gather already issued (prefetch); block i+1's fp32 reduce-scatter input, which FSDP2 keeps until the
+    next block's reduce-scatter (FSDPCommContext.reduce_scatter_states); the fp32 gradient shards of the
+    blocks after i; and what the blocks up to i saved (with checkpointing their inputs and block i's
+    recomputed activations). Where the weights are large against the activations (width 4096, one sequence
+    of 4096 tokens, checkpointing) this is the step's peak, not the end of forward. FSDP only; {} else."""
+    if not run.sharded or run.shape is None or run.shard_group == 1:
+        return {}
+    u, n_layer, pb = unit_numels(run), run.shape.n_layer, run.param_bytes
+    act = run_activation_bytes(run)
+    per_layer = act["layers"] // n_layer
+    gathered_block = 0 if run.scheme == "zero2" else pb * u["block"]["whole"]
+    best = {}
+    for i in range(n_layer):
+        parts = {"gathered weights": gathered_bytes(run) + gathered_block,
+                 "prefetched block": (pb * u["block"]["padded"] if i > 0 and gathered_block else 0),
+                 "unsharded grads": pb * (u["root"]["whole"] + u["block"]["whole"]),
+                 "reduce-scatter input": 4 * u["block"]["padded"] if i < n_layer - 1 else 0,
+                 "grads": 4 * (n_layer - 1 - i) * u["block"]["shard"],
+                 "layers": (i + 1) * per_layer, "recomputed block": act["recomputed block"]}
+        if sum(parts.values()) > sum(best.values()):
+            best = parts
+    return best
+
+
 def run_peak_bytes(run: Run, n_params: int | None = None) -> dict:
-    """Peak bytes per process by part, and their 'total': the state (run_state_bytes), the gathered
-    weights (gathered_bytes) and the activations at their peak (as step_bytes picks it). Without a
-    shape: the state and the gathered weights alone."""
+    """Peak bytes per process by part, and their 'total', at the largest of three moments: the end of
+    forward (the start of the last micro-batch's backward, the loss's temporaries alive), with
+    checkpointing the recomputation of the last block, and under FSDP the backward of a block
+    (backward_block_bytes). The parts: the state (run_state_bytes), the gathered weights (gathered_bytes),
+    the block FSDP2 prefetches for backward (prefetched_bytes) and the activations (as step_bytes picks
+    them). At the end of forward the gradients exist only as grads_at_peak says; at the recomputation
+    they are counted (some exist). Without a shape: the state and the gathered weights alone. Held to
+    torch's memory trackers on every printed plan at full size by bookbuild/full_size.py."""
     out = {k: v for k, v in run_state_bytes(run, n_params).items()}
     out["gathered weights"] = gathered_bytes(run)
     if partial_reduce_bytes(run):  # HSDP's sum of reduce-scatters awaiting the step's one all-reduce
@@ -497,7 +560,24 @@ def run_peak_bytes(run: Run, n_params: int | None = None) -> dict:
     if run.shape is None:
         out["total"] = sum(out.values())
         return out
-    out.update(peak_moment(run_activation_bytes(run), logits_bytes(run.shape, run.kernels)["temporary"],
-                           run.checkpoint))
+    if prefetched_bytes(run):
+        out["prefetched block"] = prefetched_bytes(run)
+    act = peak_moment(run_activation_bytes(run), logits_bytes(run.shape, run.kernels)["temporary"], run.checkpoint)
+    if act["logit temporaries"] and not grads_at_peak(run):  # the end of forward: no gradients yet
+        out["grads"] = 0
+    out.update(act)
     out["total"] = sum(out.values())
+    cached = autocast_cache_bytes(run)
+    if cached and act["logit temporaries"]:  # the loss's forward, still inside autocast, if larger
+        fwd = {**act, "weight copies": act["weight copies"] + cached,
+               "logit temporaries": logits_bytes(run.shape, run.kernels)["saved"]}
+        if sum(fwd.values()) > sum(act.values()):
+            out.update(fwd)
+            out["total"] = sum(v for k, v in out.items() if k != "total")
+    backward = backward_block_bytes(run)
+    if backward:  # FSDP: the backward of a block, if larger; its parts replace those of the same names
+        state = {k: out[k] for k in ("weights", "optimizer", "buckets", "whole grads", "partial reduce") if k in out}
+        moment = {**state, **{k: 0 for k in act}, **backward}
+        if sum(moment.values()) > out["total"]:
+            out = {**moment, "total": sum(moment.values())}
     return out
