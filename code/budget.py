@@ -774,8 +774,9 @@ def beyond_data_parallel(argv: list) -> str:
                                                   or (i and argv[i - 1] == "--micro-batch"))]
     q = plan([*base, "--micro-batch", "1", *([] if "--checkpoint-activations" in base
                                               else ["--checkpoint-activations"])], fallback=False)
-    parts, limit = q["est"]["memory"]["zero3"]["parts"], USABLE_FRACTION * q["memory_gb"] * GB
-    unshardable = _activations(parts) + _logits(parts) + parts.get("gathered weights", 0)
+    rows, limit = q["est"]["memory"], USABLE_FRACTION * q["memory_gb"] * GB
+    parts = rows["zero3"]["parts"] if "zero3" in rows else rows["ddp"]["parts"]  # one GPU: DDP's row alone
+    unshardable = _activations(parts) + _logits(parts) + (parts.get("gathered weights", 0) if "zero3" in rows else 0)
     if unshardable <= limit:
         return "shard over more GPUs (see the verdict)"
     return (f"more GPUs cannot fit it either: one sequence's activations and logits with checkpointing, and one "

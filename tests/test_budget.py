@@ -833,8 +833,15 @@ def test_seven_b_on_64_h100s_prints_the_fastest_pair_and_its_own_verdict():
     command = lines[-1]
     assert "--micro-batch 1 " in command and "--shard hsdp " in command
     verdict = lines[-2]
-    assert verdict.startswith("verdict     the command below: HSDP at micro-batch 1; 71.62 of 72 GB (within 1%")
+    hsdp_1 = budget.plan(["--model", "7B", "--gpus", "64", "--gpu", "H100", "--micro-batch", "1"])["est"]
+    total = hsdp_1["memory"]["hsdp"]["total"]
+    assert verdict.startswith(f"verdict     the command below: HSDP at micro-batch 1; {total / 1e9:.2f} of 72 GB")
     assert "communication 0.15 of compute, shorter than backward" in verdict
+    # a fit within 1 % of the usable memory is flagged: the same plan on a GPU just large enough
+    snug = total / budget.GB / budget.USABLE_FRACTION / 0.995
+    tight = budget.plan(["--model", "7B", "--gpus", "64", "--gpu", "H100", "--micro-batch", "1", "--memory-gb",
+                         f"{snug:.4f}"])["text"].splitlines()[-2]
+    assert "(within 1% of the limit" in tight and "(within" not in verdict
     table = lines[lines.index(next(x for x in lines if "the plans that fit" in x)) + 2:]
     first, second = table[0].split(), table[1].split()
     assert first[:2] == ["1", "HSDP"] and table[0].endswith("<- the command")
