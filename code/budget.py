@@ -730,14 +730,19 @@ def step_seconds(est: dict, scheme: str) -> float:
     return est["step"]["compute_s"] + (est["memory"][scheme]["comm_s"] or 0)
 
 
+def without_micro_batch(argv: list) -> list:
+    """A command line without its --micro-batch (as "--micro-batch N" or "--micro-batch=N")."""
+    return [a for i, a in enumerate(argv) if not (a == "--micro-batch" or a.startswith("--micro-batch=")
+                                                  or (i and argv[i - 1] == "--micro-batch"))]
+
+
 def plan_choices(argv: list, p: dict) -> tuple:
     """Every (micro-batch, scheme) pair up to the micro-batch asked that fits, fastest first by the time
     per token of compute plus communication (the budget counts the same MFU at every micro-batch, so a
     smaller micro-batch costs no compute here; on a GPU it often does). Returns (pairs, argv of the
     best plan, whether --checkpoint-activations had to be added)."""
     asked, checkpoint = p["est"]["step"]["micro_batch"], p["args"].checkpoint_activations
-    base = [a for i, a in enumerate(argv) if not (a == "--micro-batch" or a.startswith("--micro-batch=")
-                                                  or (i and argv[i - 1] == "--micro-batch"))]
+    base = without_micro_batch(argv)
     added = False
     est = p["est"]
     if not any(m["max_micro_batch"] for m in est["memory"].values()) and not checkpoint:
@@ -770,8 +775,7 @@ def beyond_data_parallel(argv: list) -> str:
     """What to do when one sequence fits nowhere: more GPUs, where ZeRO-3's shards shrink enough; else
     what no number of GPUs shrinks, one sequence's activations and logits beside one block's gathered
     weights, is larger than the GPU, and data parallelism stops (chapter 8)."""
-    base = [a for i, a in enumerate(argv) if not (a == "--micro-batch" or a.startswith("--micro-batch=")
-                                                  or (i and argv[i - 1] == "--micro-batch"))]
+    base = without_micro_batch(argv)
     q = plan([*base, "--micro-batch", "1", *([] if "--checkpoint-activations" in base
                                               else ["--checkpoint-activations"])], fallback=False)
     rows, limit = q["est"]["memory"], USABLE_FRACTION * q["memory_gb"] * GB
