@@ -153,16 +153,29 @@ def margins_text(record_margins: str | None) -> list[str]:
     return said
 
 
-def row_cells(row: dict) -> list:
-    """The provenance table's cells for one chapter after its title (ROW_HEADER), from chapter_rows' row."""
+def where_text(row: dict) -> str:
+    return row["machine"] + (f"；代码提交 {row['commit']}" if row["commit"] else "")
+
+
+def common_case(rows: list) -> tuple[str, str]:
+    """(where the outputs come from, where and at which commit they ran) for most pages: said once above
+    the table, so that a row shows only how its page differs."""
+    def most(values):
+        values = list(values)
+        return max(values, key=values.count) if values else ""
+    return most(r["how_text"] for r in rows), most(where_text(r) for r in rows)
+
+
+def row_cells(row: dict, common: tuple[str, str] = ("", "")) -> list:
+    """The provenance table's cells for one chapter after its title (ROW_HEADER), from chapter_rows' row;
+    the last cell says only where the row differs from `common` (common_case), else a dash."""
     when = row["when"] or "没有执行"
     took = "用时没有记录" if row["seconds"] is None else f"用了 {duration_text(row['seconds'])}"
-    commit = f"；代码提交 {row['commit']}" if row["commit"] else ""
-    return [row["how_text"], f"{when}，{took}", row["machine"] + commit, row["margins"], row["reference"]]
+    differs = [text for text, usual in ((row["how_text"], common[0]), (where_text(row), common[1])) if text != usual]
+    return [f"{when}，{took}", row["margins"], row["reference"], differs or "—"]
 
 
-ROW_HEADER = ["章", "页面上的输出从哪来", "何时执行、用了多久", "在哪台机器上、哪个代码提交", "离界限最近的断言",
-              "仓库里的参考输出存下时机器多忙"]
+ROW_HEADER = ["页面", "何时执行、用了多久", "离界限最近的断言", "仓库里的参考输出存下时机器多忙", "与表上那段话不同之处"]
 
 
 def duration_text(seconds: float) -> str:
@@ -304,9 +317,12 @@ def fill_table(app, doctree, docname):
         f"{machine.get('CPU cores')} 核，{machine.get('ISA')}，{machine.get('OS')}，Python {machine.get('python')}，"
         f"torch {machine.get('torch')}" + (f"，{machine['GPU']}" if machine.get("GPU") else "，没有 GPU")
         + f"；代码提交 {machine.get('git commit')}。"))
-    table = _table(ROW_HEADER, [[_link(app, docname, r["docname"], r["title"]), *row_cells(r)] for r in rows])
+    how, where = common_case(rows)
+    usual = nodes.paragraph(text=f"下表每一页，除非最后一列另有说明：{how.rstrip('。')}。它在{where}。")
+    table = _table(ROW_HEADER, [[_link(app, docname, r["docname"], r["title"]), *row_cells(r, (how, where))]
+                                for r in rows])
     for node in placeholders:
-        node.replace_self([built, table])
+        node.replace_self([built, usual, table])
 
 
 def insert_after_first_paragraph(doctree, paragraph) -> None:

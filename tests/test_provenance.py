@@ -106,15 +106,18 @@ def test_margins_are_said_in_chinese_one_claim_a_line():
     assert provenance.number_text("-1e-05") == "-1 × 10⁻⁵" and provenance.number_text("0.5") == "0.5"
 
 
-def test_a_row_reads_when_where_and_how_long():
+def test_a_row_reads_when_and_how_long_and_only_how_it_differs():
     row = {"how_text": "这次构建时执行。", "when": "2026-12-07 07:59 UTC", "seconds": 226.3,
            "machine": "构建这一版的机器", "commit": "6f552f1", "margins": ["本章没有对量出来的数字下断言。"],
            "reference": "存参考输出时训练一步 153 ms，是这台 CPU 最快一次（153 ms）的 1.0 倍"}
-    assert provenance.row_cells(row) == ["这次构建时执行。", "2026-12-07 07:59 UTC，用了 3 分 46 秒",
-                                         "构建这一版的机器；代码提交 6f552f1", ["本章没有对量出来的数字下断言。"],
-                                         "存参考输出时训练一步 153 ms，是这台 CPU 最快一次（153 ms）的 1.0 倍"]
-    never = provenance.row_cells(dict(row, when=None, seconds=None, commit=None, machine="（本章没有实验记录）"))
-    assert never[1:3] == ["没有执行，用时没有记录", "（本章没有实验记录）"]
+    common = provenance.common_case([row, row, dict(row, how_text="沿用。")])
+    assert common == ("这次构建时执行。", "构建这一版的机器；代码提交 6f552f1")
+    assert provenance.row_cells(row, common) == ["2026-12-07 07:59 UTC，用了 3 分 46 秒",
+                                                 ["本章没有对量出来的数字下断言。"],
+                                                 "存参考输出时训练一步 153 ms，是这台 CPU 最快一次（153 ms）的 1.0 倍", "—"]
+    never = provenance.row_cells(dict(row, when=None, seconds=None, commit=None, machine="（本章没有实验记录）"), common)
+    assert never[0] == "没有执行，用时没有记录" and never[-1] == ["（本章没有实验记录）"]
+    assert provenance.row_cells(dict(row, how_text="沿用。"), common)[-1] == ["沿用。"]
     assert len(provenance.ROW_HEADER) == 1 + len(never)
 
 
