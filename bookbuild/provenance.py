@@ -175,7 +175,8 @@ def row_cells(row: dict, common: tuple[str, str] = ("", "")) -> list:
     return [f"{when}，{took}", row["margins"], row["reference"], differs or "—"]
 
 
-ROW_HEADER = ["页面", "何时执行、用了多久", "离界限最近的断言", "仓库里的参考输出存下时机器多忙", "与表上那段话不同之处"]
+ROW_HEADER = ["页面", "何时执行、用了多久", "离界限最近的断言", "仓库里的参考输出存下时机器多忙",
+              "与表上那段话不同之处"]
 
 
 def duration_text(seconds: float) -> str:

@@ -114,8 +114,9 @@ def test_a_row_reads_when_and_how_long_and_only_how_it_differs():
     assert common == ("这次构建时执行。", "构建这一版的机器；代码提交 6f552f1")
     assert provenance.row_cells(row, common) == ["2026-12-07 07:59 UTC，用了 3 分 46 秒",
                                                  ["本章没有对量出来的数字下断言。"],
-                                                 "存参考输出时训练一步 153 ms，是这台 CPU 最快一次（153 ms）的 1.0 倍", "—"]
-    never = provenance.row_cells(dict(row, when=None, seconds=None, commit=None, machine="（本章没有实验记录）"), common)
+                                                 row["reference"], "—"]
+    never = provenance.row_cells(dict(row, when=None, seconds=None, commit=None, machine="（本章没有实验记录）"),
+                                 common)
     assert never[0] == "没有执行，用时没有记录" and never[-1] == ["（本章没有实验记录）"]
     assert provenance.row_cells(dict(row, how_text="沿用。"), common)[-1] == ["沿用。"]
     assert len(provenance.ROW_HEADER) == 1 + len(never)
