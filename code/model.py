@@ -1,8 +1,7 @@
 """A small decoder-only GPT: pre-norm RMSNorm blocks, causal attention with RoPE, SwiGLU MLP,
-no biases, tied input/output embeddings. Every chapter and script uses this one definition.
-Also what trains it, as nanoGPT's model.py keeps its configure_optimizers: AdamW's parameter groups,
-the learning-rate schedule and the loss on fixed batches (train.py and train_gpu.py share them)."""
-import math
+no biases, tied input/output embeddings. Every chapter and script uses this one definition, with
+its initialisation (whole, or one parameter at a time for a sharded model) and its loss on fixed
+batches. What trains it, AdamW's groups and the learning-rate schedule, is in optimizer.py."""
 from dataclasses import dataclass
 
 import torch
@@ -288,25 +287,7 @@ def init_per_parameter(model: GPT, seed: int) -> None:
     model.rope_sin.copy_(sin)
 
 
-# ---- what trains it: the optimizer, its schedule, the loss on fixed batches ----
-
-def configure_optimizer(model, lr: float, weight_decay: float = 0.1, betas=(0.9, 0.95), fused=None):
-    """AdamW that decays matrices (embeddings, linear weights) but not norms' gains."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
-
-
-def lr_at(step: int, max_lr: float, warmup: int, total: int, min_ratio: float = 0.1) -> float:
-    """Learning rate for 0-based `step`: linear warm-up over `warmup` steps, then cosine to min_ratio·max_lr."""
-    if step < warmup:
-        return max_lr * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return max_lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
+# ---- the loss on fixed batches (train.py's evaluation and train_gpu.py's) ----
 
 @torch.no_grad()
 def batch_losses(model, batches) -> list[float]:

@@ -118,18 +118,18 @@ from checkpoint import (  # noqa: E402
     CKPT_DIR,
     EXIT_SAVE_FAILED,
     EXPORT_NAME,
-    LOG_NAME,
-    RECORD_NAME,
-    RunLog,
     complete_checkpoints,
-    end_current,
     load_checkpoint,
     newest_loadable,
     step_dir,
 )
-from data import Evaluator, Sampler, TokenSource, sample_text  # noqa: E402
+from data import TokenSource  # noqa: E402
+from evaluation import Evaluator, sample_text  # noqa: E402
 from gpus import describe_peak  # noqa: E402
-from model import GPT, GPTConfig, configure_optimizer, init_per_parameter, lr_at  # noqa: E402
+from model import GPT, GPTConfig, init_per_parameter  # noqa: E402
+from optimizer import configure_optimizer, lr_at  # noqa: E402
+from run_log import LOG_NAME, RECORD_NAME, RunLog, end_current  # noqa: E402
+from sampler import Sampler  # noqa: E402
 from script_support import (  # noqa: E402
     Parser,
     launch_ranks,
