@@ -200,7 +200,7 @@ class GPT(nn.Module):
         cos, sin = rope_tables(cfg.seq_len, cfg.d_model // cfg.n_head)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.checkpoint_blocks = False  # True: keep only each block's input, recompute it in backward
+        self.recompute_blocks = False  # True: keep only each block's input, recompute it in backward
         self.apply(self._init_weights)
         # scale the residual projections down so the residual stream does not grow with depth
         for name, p in self.named_parameters():
@@ -227,9 +227,9 @@ class GPT(nn.Module):
                 x = block(x, cos, sin, kv)
             return self.lm_head(self.final_norm(x)), None
         for block in self.blocks:
-            if self.checkpoint_blocks and torch.is_grad_enabled():
-                # activation checkpointing: the block's activations are dropped after forward and
-                # made again, from its saved input, when backward reaches it
+            if self.recompute_blocks and torch.is_grad_enabled():
+                # recomputation (torch's activation checkpoint): the block's activations are dropped after
+                # forward and made again, from its saved input, when backward reaches it
                 x = checkpoint(block, x, self.rope_cos, self.rope_sin, use_reentrant=False)
             else:
                 x = block(x, self.rope_cos, self.rope_sin)

@@ -579,7 +579,7 @@ def setup(args, device, rank: int, world: int, accum: int, precision: str, data:
     # sharded: shapes only (meta), so no process ever holds the whole model; materialised after sharding
     with torch.device("meta" if sharded else device):
         raw = GPT(GPTConfig(**model_config(args)))
-    raw.checkpoint_blocks = args.checkpoint_activations  # set before compile and the wrappers
+    raw.recompute_blocks = args.checkpoint_activations  # set before compile and the wrappers
     if sharded:
         if use_compile:
             for block in raw.blocks:  # compiled per block, before sharding, as torchtitan does
@@ -805,7 +805,7 @@ def describe_run(t: Trainer, data: TokenSource, log: RunLog, ledger: float) -> N
         f"{args.seq_len} × {t.world} × accumulation {t.accum} = {args.global_batch_tokens:,} tokens per step")
     log(f"data: {data.name}, {len(data):,} tokens; each step reads {args.global_batch_tokens / len(data):.3g} "
         f"of it | tokenizer: {data.tokenizer_name} | precision: {run.policy()} | compile: {t.compiled}"
-        f" | activation checkpointing: {'on' if args.checkpoint_activations else 'off'} | "
+        f" | recompute: {'on' if args.checkpoint_activations else 'off'} | "
         f"{peak_flops(t.device, args.peak_tflops)[1]}")
     sent = {k.replace("_", "-"): v for k, v in run_sent_bytes(run).items() if v}
     log(f"memory ledger (code/shapes.py) for this run on a GPU (flash attention, eager autograd): {ledger:,.0f} MiB "
