@@ -25,7 +25,6 @@ import os
 import secrets
 import signal
 import sys
-import textwrap
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -80,62 +79,56 @@ RESUME_SETTINGS = ("lr", "warmup", "min_lr_ratio", "weight_decay", "global_batch
 HELP_EPILOG = f"""\
 Exit status: 0 done; 1 a bad file, setting or checkpoint, processes that see different checkpoints, an --out
 that not every process sees or a --data of another length on some (checked once they join), or out of memory
-(one line on stderr, with the memory ledger's figure and what to lower first); 2 a bad argument; 3 the loss or
-a gradient became NaN/inf (nothing saved after the last good checkpoint); 4 a process did not join or a
-collective waited past its timeout; {EXIT_SAVE_FAILED} a checkpoint could not be saved (the earlier ones kept;
-also when it was the stop's save: not requeued, the disk needs room first); {EXIT_PREEMPTED} stopped by
-SIGTERM/SIGUSR1 after saving a checkpoint (resume with --resume); {preflight.EXIT_WARNED} --preflight found
-the box unlike the plan (a line marked WARN; 0 when every check is ok). From the start of training on, rank 0
-records its status in run.json, except where torch aborts (below) or another process failed first (out of
-memory there: torchrun ends rank 0).
+(one line on stderr, with the memory ledger's figure and what to lower first); 2 a bad argument; 3 the loss
+or a gradient became NaN/inf (nothing saved after the last good checkpoint); 4 a process did not join or a
+collective waited past its timeout; {EXIT_SAVE_FAILED} a checkpoint could not be saved (the earlier ones kept; also
+when it was the stop's save: not requeued, the disk needs room first); {EXIT_PREEMPTED} stopped by SIGTERM/SIGUSR1
+after saving a checkpoint (resume with --resume); {preflight.EXIT_WARNED} --preflight found the box unlike the plan (a
+line marked WARN; 0 when every check is ok). From the start of training on, rank 0 records its status in
+run.json, except where torch aborts (below) or another process failed first (out of memory there: torchrun
+ends rank 0).
 
 Files in --out, each written whole and renamed, never appended to (a bucket mounted by goofys refuses
 appends): checkpoints/step_NNNNNNNN/, a checkpoint (code/checkpoint.py): every process's
-torch.distributed.checkpoint shards, train_state.json and .metadata, written last; a folder without .metadata
-is a cut save, removed on the next start. The newest {checkpoint.KEEP} complete ones are kept (the disk must
-hold {checkpoint.KEEP + 1} while one is written). model.pt: the final weights as one plain state_dict, written
-by rank 0 when a run reaches --steps; no process waits on that write. run.json (code/run_log.py, rank 0):
-command, arguments, commit, devices, versions, times, exit status, the records of the interrupted runs a
-resumed one continues, and the launcher's TRAIN_ATTEMPT (launch/slurm.sbatch requeues only on a
-{EXIT_PREEMPTED} of its own attempt). log.jsonl: one JSON line per log step (on resume, the lines after the
-checkpoint's step are dropped: the resumed run logs them again).
+torch.distributed.checkpoint shards, train_state.json and .metadata, written last; a folder without
+.metadata is a cut save, removed on the next start. The newest {checkpoint.KEEP} complete ones are kept (the disk must
+hold {checkpoint.KEEP+1} while one is written). model.pt: the final weights as one plain state_dict, written by rank 0
+when a run reaches --steps; no process waits on that write. run.json (code/run_log.py, rank 0): command,
+arguments, commit, devices, versions, times, exit status, the records of the interrupted runs a resumed one
+continues, and the launcher's TRAIN_ATTEMPT (launch/slurm.sbatch requeues only on a {EXIT_PREEMPTED} of its own
+attempt). log.jsonl: one JSON line per log step (on resume, the lines after the checkpoint's step are
+dropped: the resumed run logs them again).
 
-Resuming: --resume continues from the newest complete checkpoint on any number of processes and either scheme,
-once the processes have checked that each chose the same step; --auto-resume does so if there is one (launch/
-uses it). On the same processes and scheme the run ends bitwise equal to the uninterrupted one. A newest
-checkpoint damaged after its save (a bad .metadata or train_state.json, a missing or short shard) is named and
-passed over for the one before, and removed once the processes agree; one whose damage only the load finds is
-refused in a sentence naming the one before, which resumes once the damaged folder is moved away. A changed
---lr, --warmup, --min-lr-ratio, --weight-decay, --global-batch-tokens, --seed or --steps is printed; a
-checkpoint beyond --steps is refused. A load calls nothing outside an exact list of DCP's record classes and
-changes no object it did not make.
+Resuming: --resume continues from the newest complete checkpoint on any number of processes and either
+scheme, once the processes have checked that each chose the same step; --auto-resume does so if there is one
+(launch/ uses it). On the same processes and scheme the run ends bitwise equal to the uninterrupted one. A
+newest checkpoint damaged after its save (a bad .metadata or train_state.json, a missing or short shard) is
+named and passed over for the one before, and removed once the processes agree; one whose damage only the
+load finds is refused in a sentence naming the one before, which resumes once the damaged folder is moved
+away. A changed --lr, --warmup, --min-lr-ratio, --weight-decay, --global-batch-tokens, --seed or --steps is
+printed; a checkpoint beyond --steps is refused. A load calls nothing outside an exact list of DCP's record
+classes and changes no object it did not make.
 
-Stopping: on SIGTERM or SIGUSR1 (Windows has only SIGTERM) every process finishes its step; they agree at the
-next poll (about every {STOP_POLL_S:g} s of wall time, at a step they agreed on, and at every log and save
-step: one all-reduce, no host sync on the other steps), save a checkpoint, rank 0 records {EXIT_PREEMPTED} in
-run.json, and all exit {EXIT_PREEMPTED} without writing model.pt, to fit torchrun's --shutdown-timeout
-(launch/ sets it); launch/slurm.sbatch requeues on {EXIT_PREEMPTED}.
+Stopping: on SIGTERM or SIGUSR1 (Windows has only SIGTERM) every process finishes its step; they agree at
+the next poll (about every {STOP_POLL_S:g} s of wall time, at a step they agreed on, and at every log and save step:
+one all-reduce, no host sync on the other steps), save a checkpoint, rank 0 records {EXIT_PREEMPTED} in run.json, and
+all exit {EXIT_PREEMPTED} without writing model.pt, to fit torchrun's --shutdown-timeout (launch/ sets it);
+launch/slurm.sbatch requeues on {EXIT_PREEMPTED}.
 
 Hangs: joining and the first step (compilation) may wait --timeout-s for another process, every later
 collective --step-timeout-s, in every process group (HSDP's too, as torchtitan does). On gloo a longer wait
-raises: one sentence, exit 4. On NCCL the script sets {NCCL_ERRORS_VAR}=2 where it is unset or torchrun's 1
-(run.json records it): the watchdog aborts the communicator and the error reaches Python (exit 4) where the
-host waits on the collective. Where torch aborts without a Python exception (a CUDA error, the watchdog's
-heartbeat timeout, a 0 or 3 you exported), the process dies by SIGABRT with torch's own lines, torchrun
-reports the rank failed, and run.json keeps "exit_code": null."""
-
-
-class ParagraphsFormatter(argparse.HelpFormatter):
-    def _fill_text(self, text, width, indent):  # the epilog's paragraphs, each wrapped on its own
-        return "\n\n".join(textwrap.fill(para, width, initial_indent=indent, subsequent_indent=indent)
-                            for para in text.split("\n\n"))
+raises: one sentence, exit 4. On NCCL the script sets {NCCL_ERRORS_VAR}=2 where it is unset or
+torchrun's 1 (run.json records it): the watchdog aborts the communicator and the error reaches Python (exit
+4) where the host waits on the collective. Where torch aborts without a Python exception (a CUDA error, the
+watchdog's heartbeat timeout, a 0 or 3 you exported), the process dies by SIGABRT with torch's own lines,
+torchrun reports the rank failed, and run.json keeps "exit_code": null."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="train_gpu.py", formatter_class=ParagraphsFormatter, epilog=HELP_EPILOG,
+    p = Parser(prog="train_gpu.py", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=HELP_EPILOG,
                description="Train the book's GPT on 1..N GPUs (or a CPU, as a smoke test), replicated (DDP) or "
-               "sharded (FSDP2, HSDP). Copy the folder code/ whole, requirements-train.txt and your --data (or "
-               "data/songci.txt); python code/budget.py prints the command for your model and GPUs.")
+               "sharded (FSDP2, HSDP).\nCopy the folder code/ whole, requirements-train.txt and your --data (or "
+               "data/songci.txt);\npython code/budget.py prints the command for your model and GPUs.")
     a = p.add_argument
     a("--d-model", type=positive_int, default=512)
     a("--n-layer", type=positive_int, default=8)
