@@ -129,9 +129,9 @@ def shims():
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
-    import data
     import model
-    real_mesh, real_batches = dm.init_device_mesh, data.Sampler.step_batches
+    import sampler
+    real_mesh, real_batches = dm.init_device_mesh, sampler.Sampler.step_batches
     real_prop = ShardingPropagator._propagate_tensor_meta_non_cached
     real_sdpa, real_cpu = F.scaled_dot_product_attention, model.cpu_kernels
 
@@ -148,13 +148,13 @@ def shims():
             return real_prop(self, op_schema)
     lib = torch.library.Library("aten", "IMPL")
     lib.impl("_scaled_dot_product_flash_attention", _flash_meta, "Meta", allow_override=True)
-    dm.init_device_mesh, data.Sampler.step_batches = mesh, batches
+    dm.init_device_mesh, sampler.Sampler.step_batches = mesh, batches
     ShardingPropagator._propagate_tensor_meta_non_cached = propagate
     F.scaled_dot_product_attention, model.cpu_kernels = _cuda_flash, lambda x: False
     try:
         yield
     finally:
-        dm.init_device_mesh, data.Sampler.step_batches = real_mesh, real_batches
+        dm.init_device_mesh, sampler.Sampler.step_batches = real_mesh, real_batches
         ShardingPropagator._propagate_tensor_meta_non_cached = real_prop
         F.scaled_dot_product_attention, model.cpu_kernels = real_sdpa, real_cpu
         lib._destroy()

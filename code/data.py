@@ -7,22 +7,16 @@ so an interrupted build never leaves a half-written cache behind. On a fresh mac
 local rank 0 builds it while the machine's other processes wait; machines sharing a disk each keep the
 first complete folder, never removing it.
 
-train_gpu.py's data, below the book's:
-TokenSource: the book's tokens (int64) or a uint16 memmap of --data (code/prepare_tokens.py), never
-copied into memory, whose last 5% is held out for validation; every refusal (a missing, odd-sized or
-short file, an id beyond --vocab-size, a tokenizer larger than the vocabulary) is one sentence and exit
-status 1 before any work. Each process scans only its part of the file for the largest id; the parts
-are compared with one all-reduce once the processes have joined (check_ids).
-Sampler: every process draws all start positions of the step's sequences from one seeded generator
-and reads only its own rows (get_batch's rows), so the data does not depend on the number of
-processes; its state is the generator's, saved with a checkpoint.
-Evaluator: validation loss and bits per byte, each process evaluating its share of the fixed batches;
-sample_text: the text generated at the end of a run.
+train_gpu.py's tokens, below the book's (TokenSource): the book's (int64) or a uint16 memmap of --data
+(code/prepare_tokens.py), never copied into memory, whose last 5% is held out for validation; every
+refusal (a missing, odd-sized or short file, an id beyond --vocab-size, a tokenizer larger than the
+vocabulary) is one sentence and exit status 1 before any work. Each process scans only its part of the
+file for the largest id; the parts are compared with one all-reduce once the processes have joined
+(check_ids). How a step draws from them is sampler.py's; evaluation and the sample text, evaluation.py's.
 """
 import hashlib
 import io
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -34,8 +28,6 @@ import torch
 import torch.distributed as dist
 
 from arguments import REFUSED, fail, refuse
-from model import batch_losses
-from script_support import generate
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS_PATH = REPO / "data" / "songci.txt"
@@ -242,7 +234,7 @@ def tokenizer_path_for(token_file) -> Path:
     return Path(token_file).with_suffix(".tokenizer.model")
 
 
-# ---- train_gpu.py's data: the tokens, the sampler, evaluation and the sample text ----
+# ---- train_gpu.py's tokens: the book's or the reader's --data ----
 
 HOLDOUT = 0.05  # the last 5% of a --data file is validation
 
@@ -320,77 +312,3 @@ class TokenSource:
 
     def __len__(self):
         return len(self.train)
-
-
-class Sampler:
-    """The step's global batch of --global-batch-tokens: every process draws all its start positions
-    from one generator (the same on every process, whatever their number) and reads only its own
-    rows, cut into micro-batches. Its state is the generator's: saved and restored with a checkpoint."""
-
-    def __init__(self, tokens, args, rank: int, world: int, device):
-        self.tokens, self.seq_len, self.micro, self.device = tokens, args.seq_len, args.micro_batch, device
-        self.sequences = args.global_batch_tokens // args.seq_len  # per step, over all processes
-        per_rank = self.sequences // world
-        self.rows = slice(rank * per_rank, (rank + 1) * per_rank)
-        self.gen = torch.Generator().manual_seed(args.seed + 1)
-
-    def step_batches(self) -> list:
-        x, y = get_batch(self.tokens, self.sequences, self.seq_len, self.gen, rows=self.rows)
-        x, y = x.to(torch.int64), y.to(torch.int64)
-        if self.device.type == "cuda":  # pinned host memory lets the copy run asynchronously with compute
-            x, y = (t.pin_memory().to(self.device, non_blocking=True) for t in (x, y))
-        return list(zip(x.split(self.micro), y.split(self.micro)))
-
-
-class Evaluator:
-    """Validation loss and bits per byte of train_gpu.py's Trainer `t` on the same fixed batches every
-    time, split across the processes (each reads only its batches) and summed with one all-reduce."""
-
-    def __init__(self, t, data: TokenSource, autocast):
-        self.t, self.batches, self.byte_counts, self.autocast = t, [], None, autocast
-        if not t.args.eval_every:
-            return
-        n, g = t.args.eval_batches, torch.Generator().manual_seed(1234)  # data.fixed_batches' seed
-        per_rank = -(-n // t.world)  # FSDP: every process runs as many forwards as the others
-        mine = {t.rank + t.world * j for j in range(per_rank)}
-        for i in range(max(mine) + 1):  # every draw, so the generator stays equal; only our rows are read
-            x, y = get_batch(data.val, t.args.micro_batch, t.args.seq_len, g, rows=None if i in mine else slice(1))
-            if i in mine:
-                self.batches.append((x.to(t.device, torch.int64), y.to(t.device, torch.int64), float(i < n)))
-        if data.tokenizer is not None:
-            self.byte_counts = token_bytes(data.tokenizer).to(t.device)
-
-    def report(self, log, done: int) -> None:
-        with self.autocast():
-            losses = batch_losses(self.t.eval_model, [(x, y) for x, y, _ in self.batches])
-        sums = torch.zeros(3, dtype=torch.float64, device=self.t.device)  # nats, tokens, bytes
-        for loss, (_, y, weight) in zip(losses, self.batches):
-            bytes_ = self.byte_counts[y].sum() if self.byte_counts is not None else 0
-            sums += weight * torch.tensor([loss * y.numel(), y.numel(), float(bytes_)], device=self.t.device)
-        if dist.is_initialized():
-            dist.all_reduce(sums)
-        loss = (sums[0] / sums[1]).item()
-        bpb = None if self.byte_counts is None else (sums[0] / math.log(2) / sums[2]).item()
-        log(f"step {done:5d}/{self.t.args.steps} | val loss {loss:.4f}"
-            + ("" if bpb is None else f" | val bits per byte {bpb:.4f}"))
-        log.jsonl({"step": done, "val_loss": loss, "val_bpb": bpb})
-
-
-def sample_text(model, sp, args, device, autocast) -> str:
-    """A line with ~args.sample_tokens tokens generated from the start of a document."""
-    if sp is None:
-        return "sample: skipped, the tokenizer of --data is unknown (pass --tokenizer)"
-    g = torch.Generator().manual_seed(args.seed)
-    start = torch.tensor([[sp.eos_id()]], device=device)  # eos ends a document: what follows starts one
-    with autocast():
-        ids = generate(model, start, args.sample_tokens, temperature=0.8, generator=g, context=args.seq_len)
-    ids = [i for i in ids[0, 1:].tolist() if i < sp.get_piece_size()]  # ids beyond the tokenizer: never trained
-    docs, cur = [], []
-    for i in ids:
-        if i == sp.eos_id():
-            docs.append(sp.decode(cur))
-            cur = []
-        else:
-            cur.append(i)
-    docs.append(sp.decode(cur))
-    return f"sample ({args.sample_tokens} tokens, temperature 0.8, ⏎ = end of document): " + " ⏎ ".join(docs)

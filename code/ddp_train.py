@@ -31,6 +31,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from data import get_batch, load_tokens_or_exit  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from optimizer import configure_optimizer, lr_at  # noqa: E402
 from script_support import (  # noqa: E402
     Parser,
     accumulate_gradients,
@@ -43,7 +44,6 @@ from script_support import (  # noqa: E402
     save_atomic,
     set_lr,
 )
-from train import configure_optimizer, lr_at  # noqa: E402
 
 
 def parse_args(argv=None):

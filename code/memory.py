@@ -195,7 +195,7 @@ def trace_saved_bytes(shape: Shape, kernels: str = "gpu", checkpoint: bool = Fal
     if param_dtype is not None:  # the parameters only: FSDP casts no buffers (RoPE's tables stay fp32)
         for p in model.parameters():
             p.data = p.data.to(param_dtype)
-    model.checkpoint_blocks = checkpoint
+    model.recompute_blocks = checkpoint
     state = {t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())}
 
     # everything saved between the embedding's output and the final norm belongs to the blocks

@@ -1,8 +1,7 @@
 """A small decoder-only GPT: pre-norm RMSNorm blocks, causal attention with RoPE, SwiGLU MLP,
-no biases, tied input/output embeddings. Every chapter and script uses this one definition.
-Also what trains it, as nanoGPT's model.py keeps its configure_optimizers: AdamW's parameter groups,
-the learning-rate schedule and the loss on fixed batches (train.py and train_gpu.py share them)."""
-import math
+no biases, tied input/output embeddings. Every chapter and script uses this one definition, with
+its initialisation (whole, or one parameter at a time for a sharded model) and its loss on fixed
+batches. What trains it, AdamW's groups and the learning-rate schedule, is in optimizer.py."""
 from dataclasses import dataclass
 
 import torch
@@ -201,7 +200,7 @@ class GPT(nn.Module):
         cos, sin = rope_tables(cfg.seq_len, cfg.d_model // cfg.n_head)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.checkpoint_blocks = False  # True: keep only each block's input, recompute it in backward
+        self.recompute_blocks = False  # True: keep only each block's input, recompute it in backward
         self.apply(self._init_weights)
         # scale the residual projections down so the residual stream does not grow with depth
         for name, p in self.named_parameters():
@@ -228,9 +227,9 @@ class GPT(nn.Module):
                 x = block(x, cos, sin, kv)
             return self.lm_head(self.final_norm(x)), None
         for block in self.blocks:
-            if self.checkpoint_blocks and torch.is_grad_enabled():
-                # activation checkpointing: the block's activations are dropped after forward and
-                # made again, from its saved input, when backward reaches it
+            if self.recompute_blocks and torch.is_grad_enabled():
+                # recomputation (torch's activation checkpoint): the block's activations are dropped after
+                # forward and made again, from its saved input, when backward reaches it
                 x = checkpoint(block, x, self.rope_cos, self.rope_sin, use_reentrant=False)
             else:
                 x = block(x, self.rope_cos, self.rope_sin)
@@ -288,25 +287,7 @@ def init_per_parameter(model: GPT, seed: int) -> None:
     model.rope_sin.copy_(sin)
 
 
-# ---- what trains it: the optimizer, its schedule, the loss on fixed batches ----
-
-def configure_optimizer(model, lr: float, weight_decay: float = 0.1, betas=(0.9, 0.95), fused=None):
-    """AdamW that decays matrices (embeddings, linear weights) but not norms' gains."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
-
-
-def lr_at(step: int, max_lr: float, warmup: int, total: int, min_ratio: float = 0.1) -> float:
-    """Learning rate for 0-based `step`: linear warm-up over `warmup` steps, then cosine to min_ratio·max_lr."""
-    if step < warmup:
-        return max_lr * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return max_lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
+# ---- the loss on fixed batches (train.py's evaluation and train_gpu.py's) ----
 
 @torch.no_grad()
 def batch_losses(model, batches) -> list[float]:

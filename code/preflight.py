@@ -125,7 +125,7 @@ def shm_bytes() -> float | None:
 
 
 def eval_peak_mib(run, n_params: int) -> float:
-    """The ledger's peak while evaluating: training's without what only training holds (data.Evaluator's
+    """The ledger's peak while evaluating: training's without what only training holds (evaluation.Evaluator's
     forward keeps autograd's saved tensors)."""
     peak = run_peak_bytes(run, n_params)
     return (peak["total"] - sum(peak.get(k, 0) for k in ("whole grads", "partial reduce", "logit temporaries"))) / 2**20

@@ -1,5 +1,5 @@
 """The record of what produced a result, without importing torch: the git commit, this CPU in words, and
-the experiment record a chapter prints (measure.print_record). train_gpu.py's run.json (checkpoint.py) and
+the experiment record a chapter prints (measure.print_record). train_gpu.py's run.json (run_log.py) and
 the book's build (bookbuild: the provenance page, the GPU run's label) read it; measure.py re-exports it
 for the chapters. Only cpu_isa and experiment_record, which describe torch's own kernels and threads,
 import torch, when they are called."""

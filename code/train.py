@@ -1,7 +1,7 @@
 """The training recipe: AdamW with weight decay on matrices only, linear warm-up then cosine decay
 to a floor, gradient-norm clipping, and evaluation on fixed batches (mean loss, bits per byte).
-The optimizer, the schedule and the loss of fixed batches live in model.py, which train_gpu.py
-(the script a reader copies) shares without this CPU loop; the chapters import them from here."""
+The optimizer and the schedule live in optimizer.py, the loss of fixed batches in model.py, which
+train_gpu.py (the script a reader copies) shares without this CPU loop; the chapters import them from here."""
 import math
 import time
 from dataclasses import dataclass, field
@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import torch
 
 from data import get_batch
-from model import batch_losses, configure_optimizer, lr_at  # noqa: F401  (the recipe's parts train_gpu.py shares)
+from model import batch_losses
+from optimizer import configure_optimizer, lr_at  # noqa: F401  (the chapters import them from here)
 from script_support import set_lr
 
 

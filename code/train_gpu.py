@@ -1,4 +1,4 @@
-"""Train the book's GPT on one or several GPUs, replicated (DDP) or sharded (FSDP2).
+"""Train the book's GPT on one or several GPUs, replicated (DDP) or sharded (FSDP2, HSDP).
 
     python code/train_gpu.py                                         # 1 GPU
     torchrun --standalone --nproc-per-node 8 code/train_gpu.py       # 8 GPUs, DDP
@@ -9,92 +9,15 @@
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
         --rdzv-id RUN code/train_gpu.py           # two machines, run on each (launch/: Slurm, SkyPilot)
 
-Copy to the box: the folder code/ whole, data/songci.txt (or your --data file) and
-requirements-train.txt (`pip install -r requirements-train.txt`: torch, numpy, sentencepiece).
-`python code/budget.py ...` prints the command for the scheme and micro-batch that fit. This file reads
-top to bottom: the arguments, main, the loop (run), then the device and setup, one step, checkpoints and
-the log. Before paying for a run: `--preflight` measures the box against
-the plan in about a minute (code/preflight.py).
+Copy to the box: the folder code/ whole, requirements-train.txt (`pip install -r requirements-train.txt`:
+torch, numpy, sentencepiece) and your --data file (code/prepare_tokens.py) or data/songci.txt.
+`python code/budget.py ...` prints the command for the scheme and micro-batch that fit; `--preflight`
+measures the box against that plan in about a minute before you pay for the run (code/preflight.py).
 
-Global batch: --global-batch-tokens per optimizer step whatever the number of processes; accumulation =
-global batch / (micro-batch · seq-len · processes). Every process draws the step's start positions from
-one seeded generator and reads only its rows (data.Sampler): 1, 2 or 4 processes see the same
-data and end with the same parameters, up to the order of floating-point sums.
-
-Sharding (--shard): ddp, every GPU holds the whole model, gradients and AdamW state (16 bytes per
-parameter), one all-reduce of the gradients per step, skipped on all but the last micro-batch. fsdp,
-FSDP2 (fully_shard) per block, then the root, which holds the tied embedding/head and the final norm;
-weights, gradients and optimizer state are shards. --reshard-after-forward (default) is ZeRO-3: weights
-freed after forward and gathered again for backward; --no-reshard-after-forward keeps them from forward
-to backward, one all-gather less per micro-batch for one whole copy of the weights (ZeRO-2 in the
-ledger). The root keeps FSDP2's default: not resharded after forward, since backward starts with its
-tied head. Under accumulation --grad-sync last (default) makes the reduce-scatter wait for the step's
-last micro-batch, so each process holds the whole fp32 gradients until then (4 bytes per parameter) and
-sends them once; --grad-sync every reduce-scatters after each micro-batch and holds only shards. The
-sharded model is built on the meta device, sharded, then initialised one parameter at a time
-(model.init_per_parameter), equal to the same seed's unsharded model. hsdp, beyond one machine: FSDP2 on
-a 2-D mesh (replicate, shard), ZeRO-3 inside each group of --shard-size consecutive processes (default: a
-machine's, LOCAL_WORLD_SIZE), replicated across the groups; the gathers and reduce-scatters stay on the
-machine's own links, and once per step one all-reduce of the fp32 gradient shards (4 bytes per parameter
-over the group) crosses the network (with --grad-sync every the reduce-scatters run every micro-batch and
-that all-reduce still only on the last: set_requires_all_reduce). ZeRO-1 is not implemented; with one
-process --shard fsdp or hsdp trains the plain model.
-
-Precision (--precision auto): bf16 where the GPU has it, else fp16 with a GradScaler (an overflowed step is
-skipped and counted, the overflow flag all-reduced under FSDP, the scaler's state saved with a checkpoint);
-fp32 on a CPU. DDP: autocast over fp32 weights, gradient_as_bucket_view (no second copy of the gradients in
-DDP's buckets), the buckets laid out before the first step (settle_ddp_buckets); FSDP:
-MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) and no autocast: the all-gathers move bf16, the
-reduce-scatters fp32, the shards and AdamW stay fp32. On CUDA also TF32, torch.compile (per block under
-FSDP), fused AdamW, pinned memory. MFU is against the dense peak of the GPU looked up by name and SM count
-(code/gpus.py); a run's first WARMUP_UNTIMED steps (compilation) are not timed. --checkpoint-activations
-recomputes each block in backward. The log prints the memory ledger's prediction (code/shapes.py, the half
-of the book's code/memory.py that the script uses) and, after the first step, what each process holds.
-Evaluation (--eval-every): validation loss and bits per byte on fixed batches, split across processes.
-
-Checkpoints (code/checkpoint.py): OUT/checkpoints/step_NNNNNNNN/, every process's DCP shards; a folder
-without .metadata is a cut save, removed on the next start. The newest two complete ones are kept (the disk
-must hold three while the third is written). A newest one damaged after its save (a bad .metadata or
-train_state.json, a missing or short shard) is named and passed over for the one before, and removed once
-the processes agree; one whose damage only the load finds is refused in a sentence naming the one before,
-which resumes once the damaged folder is moved away. A save that fails (a full disk on any process) removes
-its own folder and ends the run with exit status 74, recorded in run.json, the earlier checkpoints kept.
---resume continues from the newest complete one on any number of processes and either scheme, after the
-processes check that each chose the same step; --auto-resume does so if there is one (launch/ uses it); on
-the same processes and scheme it ends bitwise equal to the uninterrupted run. A changed --lr, --warmup,
---min-lr-ratio, --weight-decay, --global-batch-tokens, --seed or --steps is printed; a checkpoint beyond
---steps is refused. A load calls nothing outside an exact list of DCP's record classes and changes no object
-it did not make (checkpoint.py). OUT/model.pt: the final weights as one plain state_dict, written when a run
-reaches --steps.
-
-Preemption: on SIGTERM or SIGUSR1 every process finishes its step; they agree at the next poll (about
-every STOP_POLL_S seconds, at a step they agreed on, and every log and save step: one all-reduce, no host
-sync on the other steps; Windows has no SIGUSR1, only SIGTERM),
-save a checkpoint, rank 0 records exit status 75 in OUT/run.json, and all exit 75 without writing
-model.pt, to fit torchrun's --shutdown-timeout (launch/ sets it); launch/slurm.sbatch requeues on 75.
-
-Hangs: joining and the first step (compilation) may wait --timeout-s for another process, every later
-collective --step-timeout-s, in every process group (HSDP's too; torchtitan does the same). On gloo a
-longer wait raises: one sentence, exit 4. On NCCL the script sets TORCH_NCCL_ASYNC_ERROR_HANDLING=2 where
-it is unset or torchrun's 1 (run.json records it): the watchdog aborts the communicator and the error
-reaches Python (exit 4) where the host waits on the collective. Where torch aborts without a Python
-exception (a CUDA error, the watchdog's heartbeat timeout, a 0 or 3 you exported), the process dies by
-SIGABRT with torch's own lines, torchrun reports the rank failed, and run.json keeps "exit_code": null.
-No process waits on rank 0's write of model.pt.
-
-Exit status: 0 done; 1 a bad file, setting or checkpoint, processes that see different checkpoints, an
---out that not every process sees or a --data of another length on some (checked once they join), or
-out of memory (one line on stderr, with the ledger's figure and what to lower first); 2 a bad argument; 3
-the loss or a gradient became NaN/inf (nothing saved after the last good checkpoint); 4 a process did not
-join or a collective waited past its timeout; 74 a checkpoint could not be saved (also when it was the
-stop's save: not requeued, the disk needs room first); 75 stopped by SIGTERM/SIGUSR1 after saving a
-checkpoint; 78 --preflight found the box unlike the plan (a line marked WARN; 0 when every check is ok).
-From the start of training on, rank 0 records its status in run.json, except where torch aborts (above)
-or another process failed first (out of memory there: torchrun ends rank 0).
-Run log (code/checkpoint.py's RunLog, rank 0): OUT/run.json (command, arguments, commit, devices, versions, times,
-exit code, and the launcher's TRAIN_ATTEMPT: launch/slurm.sbatch requeues only on a 75 of its own attempt)
-and OUT/log.jsonl (one JSON line per log step), each written whole and renamed, never appended to (a
-bucket mounted by goofys refuses appends).
+Exit status: 0 done; 1 a bad file, setting or checkpoint, or out of memory; 2 a bad argument; 3 the loss
+became NaN/inf; 4 a process did not join or a collective timed out; 74 a checkpoint could not be saved;
+75 stopped by SIGTERM/SIGUSR1 after saving a checkpoint (continue with --resume); 78 --preflight found the
+box unlike the plan. Each in full, the files in --out, resuming, stopping and hangs: --help.
 """
 import argparse
 import contextlib
@@ -118,18 +41,18 @@ from checkpoint import (  # noqa: E402
     CKPT_DIR,
     EXIT_SAVE_FAILED,
     EXPORT_NAME,
-    LOG_NAME,
-    RECORD_NAME,
-    RunLog,
     complete_checkpoints,
-    end_current,
     load_checkpoint,
     newest_loadable,
     step_dir,
 )
-from data import Evaluator, Sampler, TokenSource, sample_text  # noqa: E402
+from data import TokenSource  # noqa: E402
+from evaluation import Evaluator, sample_text  # noqa: E402
 from gpus import describe_peak  # noqa: E402
-from model import GPT, GPTConfig, configure_optimizer, init_per_parameter, lr_at  # noqa: E402
+from model import GPT, GPTConfig, init_per_parameter  # noqa: E402
+from optimizer import configure_optimizer, lr_at  # noqa: E402
+from run_log import LOG_NAME, RECORD_NAME, RunLog, end_current  # noqa: E402
+from sampler import Sampler  # noqa: E402
 from script_support import (  # noqa: E402
     Parser,
     launch_ranks,
@@ -153,12 +76,59 @@ NCCL_ERRORS_VAR = "TORCH_NCCL_ASYNC_ERROR_HANDLING"  # read by ProcessGroupNCCL 
 RESUME_SETTINGS = ("lr", "warmup", "min_lr_ratio", "weight_decay", "global_batch_tokens", "seed", "steps")
 
 
+HELP_EPILOG = f"""\
+Exit status: 0 done; 1 a bad file, setting or checkpoint, processes that see different checkpoints, an --out
+that not every process sees or a --data of another length on some (checked once they join), or out of memory
+(one line on stderr, with the memory ledger's figure and what to lower first); 2 a bad argument; 3 the loss
+or a gradient became NaN/inf (nothing saved after the last good checkpoint); 4 a process did not join or a
+collective waited past its timeout; {EXIT_SAVE_FAILED} a checkpoint could not be saved (the earlier ones kept; also
+when it was the stop's save: not requeued, the disk needs room first); {EXIT_PREEMPTED} stopped by SIGTERM/SIGUSR1
+after saving a checkpoint (resume with --resume); {preflight.EXIT_WARNED} --preflight found the box unlike the plan (a
+line marked WARN; 0 when every check is ok). From the start of training on, rank 0 records its status in
+run.json, except where torch aborts (below) or another process failed first (out of memory there: torchrun
+ends rank 0).
+
+Files in --out, each written whole and renamed, never appended to (a bucket mounted by goofys refuses
+appends): checkpoints/step_NNNNNNNN/, a checkpoint (code/checkpoint.py): every process's
+torch.distributed.checkpoint shards, train_state.json and .metadata, written last; a folder without
+.metadata is a cut save, removed on the next start. The newest {checkpoint.KEEP} complete ones are kept (the disk must
+hold {checkpoint.KEEP+1} while one is written). model.pt: the final weights as one plain state_dict, written by rank 0
+when a run reaches --steps; no process waits on that write. run.json (code/run_log.py, rank 0): command,
+arguments, commit, devices, versions, times, exit status, the records of the interrupted runs a resumed one
+continues, and the launcher's TRAIN_ATTEMPT (launch/slurm.sbatch requeues only on a {EXIT_PREEMPTED} of its own
+attempt). log.jsonl: one JSON line per log step (on resume, the lines after the checkpoint's step are
+dropped: the resumed run logs them again).
+
+Resuming: --resume continues from the newest complete checkpoint on any number of processes and either
+scheme, once the processes have checked that each chose the same step; --auto-resume does so if there is one
+(launch/ uses it). On the same processes and scheme the run ends bitwise equal to the uninterrupted one. A
+newest checkpoint damaged after its save (a bad .metadata or train_state.json, a missing or short shard) is
+named and passed over for the one before, and removed once the processes agree; one whose damage only the
+load finds is refused in a sentence naming the one before, which resumes once the damaged folder is moved
+away. A changed --lr, --warmup, --min-lr-ratio, --weight-decay, --global-batch-tokens, --seed or --steps is
+printed; a checkpoint beyond --steps is refused. A load calls nothing outside an exact list of DCP's record
+classes and changes no object it did not make.
+
+Stopping: on SIGTERM or SIGUSR1 (Windows has only SIGTERM) every process finishes its step; they agree at
+the next poll (about every {STOP_POLL_S:g} s of wall time, at a step they agreed on, and at every log and save step:
+one all-reduce, no host sync on the other steps), save a checkpoint, rank 0 records {EXIT_PREEMPTED} in run.json, and
+all exit {EXIT_PREEMPTED} without writing model.pt, to fit torchrun's --shutdown-timeout (launch/ sets it);
+launch/slurm.sbatch requeues on {EXIT_PREEMPTED}.
+
+Hangs: joining and the first step (compilation) may wait --timeout-s for another process, every later
+collective --step-timeout-s, in every process group (HSDP's too, as torchtitan does). On gloo a longer wait
+raises: one sentence, exit 4. On NCCL the script sets {NCCL_ERRORS_VAR}=2 where it is unset or
+torchrun's 1 (run.json records it): the watchdog aborts the communicator and the error reaches Python (exit
+4) where the host waits on the collective. Where torch aborts without a Python exception (a CUDA error, the
+watchdog's heartbeat timeout, a 0 or 3 you exported), the process dies by SIGABRT with torch's own lines,
+torchrun reports the rank failed, and run.json keeps "exit_code": null."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="train_gpu.py", description="Train the book's GPT on 1..N GPUs (or a CPU, as a smoke test), "
-               "replicated (DDP) or sharded (FSDP2). Exit status: 0 done, 1 bad file or setting (or out of memory), "
-               f"2 bad argument, 3 NaN/inf, 4 a process timed out, {EXIT_SAVE_FAILED} a checkpoint could not be "
-               f"saved (the earlier ones kept), {EXIT_PREEMPTED} stopped by SIGTERM/SIGUSR1 after saving a "
-               f"checkpoint (resume with --resume), {preflight.EXIT_WARNED} --preflight found the box unlike the plan.")
+    p = Parser(prog="train_gpu.py", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=HELP_EPILOG,
+               description="Train the book's GPT on 1..N GPUs (or a CPU, as a smoke test), replicated (DDP) or "
+               "sharded (FSDP2, HSDP).\nCopy the folder code/ whole, requirements-train.txt and your --data (or "
+               "data/songci.txt);\npython code/budget.py prints the command for your model and GPUs.")
     a = p.add_argument
     a("--d-model", type=positive_int, default=512)
     a("--n-layer", type=positive_int, default=8)
@@ -168,11 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--micro-batch", type=positive_int, default=32, help="sequences per process per forward pass")
     a("--global-batch-tokens", type=positive_int, default=DEFAULT_GLOBAL_BATCH_TOKENS,
       help="tokens per optimizer step over all processes, the same for any number of processes; "
-           "accumulation steps are derived from it (default %(default)s)")
+           "accumulation steps = it / (micro-batch × seq-len × processes) (default %(default)s)")
     a("--shard", choices=("ddp", "fsdp", "hsdp"), default="ddp",
       help="ddp: every GPU holds the whole model; fsdp: weights, gradients and optimizer state sharded (FSDP2) "
            "over all processes; hsdp: sharded inside each group of --shard-size processes (a machine), "
-           "replicated across the groups, whose gradient shards one all-reduce per step sums")
+           "replicated across the groups, whose gradient shards one all-reduce per step sums (with one process "
+           "fsdp and hsdp train the plain model; ZeRO-1 is not implemented)")
     a("--shard-size", type=positive_int, default=None,
       help="with --shard hsdp: processes per shard group; it must divide the processes of a machine "
            "(default: all of them, torchrun's LOCAL_WORLD_SIZE)")
@@ -579,7 +550,7 @@ def setup(args, device, rank: int, world: int, accum: int, precision: str, data:
     # sharded: shapes only (meta), so no process ever holds the whole model; materialised after sharding
     with torch.device("meta" if sharded else device):
         raw = GPT(GPTConfig(**model_config(args)))
-    raw.checkpoint_blocks = args.checkpoint_activations  # set before compile and the wrappers
+    raw.recompute_blocks = args.checkpoint_activations  # set before compile and the wrappers
     if sharded:
         if use_compile:
             for block in raw.blocks:  # compiled per block, before sharding, as torchtitan does
@@ -805,7 +776,7 @@ def describe_run(t: Trainer, data: TokenSource, log: RunLog, ledger: float) -> N
         f"{args.seq_len} × {t.world} × accumulation {t.accum} = {args.global_batch_tokens:,} tokens per step")
     log(f"data: {data.name}, {len(data):,} tokens; each step reads {args.global_batch_tokens / len(data):.3g} "
         f"of it | tokenizer: {data.tokenizer_name} | precision: {run.policy()} | compile: {t.compiled}"
-        f" | activation checkpointing: {'on' if args.checkpoint_activations else 'off'} | "
+        f" | recompute: {'on' if args.checkpoint_activations else 'off'} | "
         f"{peak_flops(t.device, args.peak_tflops)[1]}")
     sent = {k.replace("_", "-"): v for k, v in run_sent_bytes(run).items() if v}
     log(f"memory ledger (code/shapes.py) for this run on a GPU (flash attention, eager autograd): {ledger:,.0f} MiB "

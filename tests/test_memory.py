@@ -117,7 +117,7 @@ def test_checkpointing_gives_the_same_loss_and_gradients():
     grads = []
     for ck in (False, True):
         m = copy.deepcopy(model)
-        m.checkpoint_blocks = ck
+        m.recompute_blocks = ck
         _, loss = m(x, x)
         loss.backward()
         grads.append((loss.item(), [p.grad.clone() for p in m.parameters()]))
