@@ -30,13 +30,13 @@ import torch
 import torch.distributed as dist
 
 from checkpoint import CKPT_DIR
+from checkpoint import KEEP as KEPT_CHECKPOINTS  # checkpoint.py keeps the newest two (torchtitan keeps at least two)
 from gpus import gpu_for_device, link_bytes_per_s
 from shapes import run_peak_bytes
 
 MATMUL_FRACTION = 0.6  # a GPU below 60 % of its dense peak on a large matmul is throttled or mislabelled
 LINK_FRACTION = 0.5  # NCCL's all-reduce bus bandwidth is typically 70-90 % of the link
 CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights and AdamW's two moments
-KEPT_CHECKPOINTS = 2  # checkpoint.py keeps the last two complete checkpoints (torchtitan keeps at least two)
 STOP_POLL_S = 10  # the longest the processes may take to agree on a stop (train_gpu.py's stop poll)
 EXIT_WARNED = 78  # train_gpu.py --preflight's status when a check warns (EX_CONFIG: not the box planned for)
 CPU_MATMUL_N = 1024  # under a second on a CPU in fp32 (a CPU without bf16/fp16 instructions: seconds in 16 bits)
