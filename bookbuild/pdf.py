@@ -74,6 +74,9 @@ def missing_package() -> str | None:
 
 # The page's text width holds 80 characters of code at \footnotesize in a 10 pt A4 book; a longer line
 # is wrapped at a space or punctuation, and one without either is cut anywhere (verbatimforcewraps).
+# A wrapped line hangs at its own indent plus 4 (\BookHangBy, which hang_code_lines puts
+# before each line that may wrap).
+# Links, which Sphinx sets in \emph, are upright: the Latin words of a Chinese sentence were italic.
 PREAMBLE = r"""
 \usepackage{xeCJK}
 \setCJKmainfont{%(main)s}
@@ -85,7 +88,25 @@ PREAMBLE = r"""
 \makeatletter\renewcommand{\@pnumwidth}{2.2em}\makeatother
 \setcounter{secnumdepth}{-1}
 \setcounter{tocdepth}{1}
+\protected\def\sphinxcrossref#1{#1}
+\protected\def\sphinxtermref#1{#1}
+\newcommand\BookHangBy[1]{\ifinner\else
+  \leftskip=\numexpr#1+4\relax\fontcharwd\font`X\relax\kern-\leftskip\nobreak\fi}
 """
+
+HANG_MOST = 60  # the deepest indent a wrapped line hangs at (then plus 4)
+
+
+def hang_macro(indent: int) -> str:
+    """The name of the macro that hangs a line's continuation at indent + 4: an argument, {4}, would be
+    torn from it by Sphinx's verbatimforcewraps, which takes a line apart token by token."""
+    n, name = min(indent, HANG_MOST), ""
+    while True:
+        n, digit = divmod(n, 26)
+        name = "abcdefghijklmnopqrstuvwxyz"[digit] + name
+        if not n:
+            return "bookhang" + name
+
 
 LATEX_ELEMENTS = {
     "papersize": "a4paper",
@@ -93,7 +114,8 @@ LATEX_ELEMENTS = {
     # Sphinx's xelatex default would be FreeSerif, which is not installed
     "fontpkg": "\\setmainfont{%(main)s}[Scale=0.92]\n\\setsansfont{%(sans)s}[Scale=0.92]\n"
                "\\setmonofont{%(mono)s}[Scale=0.92]\n" % LATIN_FONTS,
-    "preamble": PREAMBLE % CJK_FONTS,
+    "preamble": PREAMBLE % CJK_FONTS + "".join("\\def\\%s{\\BookHangBy{%d}}\n" % (hang_macro(n), n)
+                                               for n in range(HANG_MOST + 1)),
     "fncychap": "",   # its styles print "CHAPTER ONE"; a chapter's title says 第1章 itself
     "babel": "",
     "polyglossia": "",
@@ -141,6 +163,72 @@ def _pages(document) -> dict:
     return page_of
 
 
+# Tables. tabulary sized a column by its text's share and let an unbreakable word run into the next
+# column (124M over its neighbour, 16,384 cut at 16,38), and a table longer than the page ran into the
+# footer. fit_table gives each column its width from its content, in the largest size where every
+# column holds its longest unbreakable word, and sets a table of more than LONG_ROWS rows as a
+# longtable, which breaks across pages.
+TEXT_WIDTH_PT = 451.0   # A4 less Sphinx's 1 in margins
+COLUMN_PAD_PT = 12.0    # 2 \tabcolsep on either side of a column's text
+TABLE_SIZES = ((10, ""), (9, "\\small"), (8, "\\footnotesize"), (7, "\\scriptsize"))  # pt, command
+LONG_ROWS = 12
+_WIDE = re.compile("[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")  # 1 em; Latin about 0.6
+_BREAKS = re.compile(f"\\s+|(?={_WIDE.pattern})|(?<={_WIDE.pattern})")  # where a cell's line may break
+
+
+def _em(text: str) -> float:
+    return sum(1.0 if _WIDE.match(ch) else 0.6 for ch in text)
+
+
+def column_widths(cells: list[list[str]], width: float = TEXT_WIDTH_PT) -> tuple[int, list[float]]:
+    """(font size in pt, each column's width in pt) for a table of these cell texts (rows of columns):
+    the largest TABLE_SIZES size where each column holds its longest unbreakable word (a Chinese character
+    breaks anywhere), the room left shared out by how much longer each column's longest cell is."""
+    ncol = max(len(row) for row in cells)
+    words = [max((_em(w) for row in cells if i < len(row) for w in _BREAKS.split(row[i]) if w), default=0.0)
+             for i in range(ncol)]
+    whole = [max((_em(row[i]) for row in cells if i < len(row)), default=0.0) for i in range(ncol)]
+    for size, _ in TABLE_SIZES:
+        least = [w * size + COLUMN_PAD_PT for w in words]
+        if sum(least) <= width or size == TABLE_SIZES[-1][0]:
+            break
+    most = [max(n * size + COLUMN_PAD_PT, m) for n, m in zip(whole, least)]
+    if sum(most) <= width:  # everything on one line: the spare room in proportion
+        return size, [m * width / sum(most) for m in most]
+    spare = max(width - sum(least), 0.0) / max(sum(most) - sum(least), 1e-9)
+    return size, [m + (n - m) * spare for m, n in zip(least, most)]
+
+
+def _shown(node) -> str:
+    """A cell's text as printed, roughly: math without its TeX commands and braces."""
+    if isinstance(node, nodes.math):
+        return re.sub(r"\\[A-Za-z]+|[{}^_]", "", node.astext())
+    if isinstance(node, nodes.Text):
+        return str(node)
+    return " ".join(_shown(c) for c in node.children)
+
+
+def fit_table(table: nodes.table) -> None:
+    """The table's columns sized by column_widths, its font size set around it, long ones as longtables."""
+    group = next(iter(table.findall(nodes.tgroup)), None)
+    rows = list(table.findall(nodes.row))
+    if group is None or not rows or any(e.get("morecols") or e.get("morerows") for e in table.findall(nodes.entry)):
+        return
+    specs = [c for c in group.children if isinstance(c, nodes.colspec)]
+    cells = [[" ".join(_shown(e).split()) for e in row.children if isinstance(e, nodes.entry)] for row in rows]
+    if any(len(row) != len(specs) for row in cells):
+        return
+    size, widths = column_widths(cells)
+    for spec, w in zip(specs, widths):
+        spec["colwidth"] = max(1, round(w * 10))
+    table["classes"] += ["colwidths-given"] + (["longtable"] if len(rows) > LONG_ROWS else [])
+    command = dict(TABLE_SIZES)[size]
+    if command and table.parent is not None:
+        at = table.parent.index(table)
+        table.parent.insert(at + 1, nodes.raw("", "\\endgroup", format="latex"))
+        table.parent.insert(at, nodes.raw("", "\\begingroup" + command, format="latex"))
+
+
 class BookAsLatex(SphinxPostTransform):
     """The whole book's doctree, as the LaTeX builder assembled it: the web pages' figure numbers,
     the front page as one chapter, and a sentence where the web page has what a PDF cannot hold."""
@@ -150,6 +238,12 @@ class BookAsLatex(SphinxPostTransform):
 
     def run(self, **kwargs) -> None:
         from . import pyodide
+        for cell in list(self.document.findall(nodes.container)):
+            if cell.get("nb_element") == "cell_code" and cell.get("hide_mode") in ("input", "all"):
+                for source in [c for c in cell.children if c.get("nb_element") == "cell_code_source"]:
+                    cell.remove(source)  # the web page folds it away; the PDF keeps only its outputs
+        for table in list(self.document.findall(nodes.table)):
+            fit_table(table)
         numbers = self.env.toc_fignumbers  # as pages.py numbered them for the web pages
         page_of = _pages(self.document)
         for figure in list(self.document.findall(nodes.figure)):
@@ -204,6 +298,24 @@ def setup(app) -> None:
     app.connect("config-inited", latex_settings)
     app.add_post_transform(BookAsLatex)
     app.add_post_transform(LinkToThePdf)
+
+
+# ---- the .tex as Sphinx wrote it ----
+
+def hang_code_lines(tex: str, columns: int = 80) -> str:
+    """Each line of code or output that may wrap (longer than `columns` in the .tex) starts with
+    the macro hang_macro names for its indent: its continuation lines hang at that indent plus 4."""
+    out, inside = [], False
+    for line in tex.split("\n"):
+        if line.startswith("\\begin{sphinxVerbatim}[commandchars="):
+            inside = True
+        elif line.startswith("\\end{sphinxVerbatim}"):
+            inside = False
+        elif inside and len(line) > columns:
+            m = re.match(r"( *)(?:\\PYG\{\+w\}\{( +)\})?", line)
+            line = "\\%s{}" % hang_macro(len(m.group(1)) + len(m.group(2) or "")) + line  # {} ends the name
+        out.append(line)
+    return "\n".join(out)
 
 
 # ---- what the LaTeX log says ----
@@ -265,6 +377,8 @@ def main(argv=None) -> int:
     rc = run_jupyter_book(cmd, keys)
     if rc:
         return rc
+    tex = LATEX / f"{NAME}.tex"
+    tex.write_text(hang_code_lines(tex.read_text(encoding="utf-8")), encoding="utf-8")
     log = LATEX / f"{NAME}.log"
     rc = subprocess.run(["latexmk", "-xelatex", "-interaction=nonstopmode", "-halt-on-error", f"{NAME}.tex"],
                         cwd=LATEX, capture_output=True).returncode  # Sphinx's latexmkrc is noisy on stderr
