@@ -333,6 +333,21 @@ def overfull_verbatim(log: str) -> list[str]:
             if VERBATIM_FONT.search(shown)]
 
 
+def overfull_tables(log: str, tex: str) -> list[str]:
+    """LaTeX's overfull-box warnings from inside a table of the .tex (tabular, tabulary, longtable): a cell
+    whose text is wider than its column runs under the next one, which hides it."""
+    spans, start = [], None
+    for number, line in enumerate(tex.split("\n"), start=1):
+        if re.match(r"\\begin\{(tabular|tabulary|longtable)\}", line):
+            start = number
+        elif start and re.match(r"\\end\{(tabular|tabulary|longtable)\}", line):
+            spans.append((start, number))
+            start = None
+    return [warning for warning, first, last in
+            re.findall(r"^(Overfull \\hbox .* at lines (\d+)--(\d+))$", log, re.M)
+            if any(a <= int(first) and int(last) <= b for a, b in spans)]
+
+
 # ---- the command ----
 
 def not_in_cache(store) -> list[Path]:
