@@ -172,18 +172,20 @@ TEXT_WIDTH_PT = 451.0   # A4 less Sphinx's 1 in margins
 COLUMN_PAD_PT = 12.0    # 2 \tabcolsep on either side of a column's text
 TABLE_SIZES = ((10, ""), (9, "\\small"), (8, "\\footnotesize"), (7, "\\scriptsize"))  # pt, command
 LONG_ROWS = 12
-_WIDE = re.compile("[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")  # 1 em; Latin about 0.6
+SHORT_EM = 5  # a cell of up to this many em is kept on one line
+_WIDE = re.compile("[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")  # 1 em; Latin 0.6-0.75
 _BREAKS = re.compile(f"\\s+|(?={_WIDE.pattern})|(?<={_WIDE.pattern})")  # where a cell's line may break
 
 
 def _em(text: str) -> float:
-    return sum(1.0 if _WIDE.match(ch) else 0.6 for ch in text)
+    return sum(1.0 if _WIDE.match(ch) else 0.75 if "A" <= ch <= "Z" else 0.6 for ch in text)  # DejaVu Serif
 
 
 def column_widths(cells: list[list[str]], width: float = TEXT_WIDTH_PT) -> tuple[int, list[float]]:
     """(font size in pt, each column's width in pt) for a table of these cell texts (rows of columns):
     the largest TABLE_SIZES size where each column holds its longest unbreakable word (a Chinese character
-    breaks anywhere), the room left shared out by how much longer each column's longest cell is."""
+    breaks anywhere) and its short cells whole; the room left goes to the columns whose longest cell is
+    longer, each up to that cell's width, evenly (a column's width is at least its least, at most its whole)."""
     ncol = max(len(row) for row in cells)
     words = [max((_em(w) for row in cells if i < len(row) for w in _BREAKS.split(row[i]) if w), default=0.0)
              for i in range(ncol)]
@@ -192,11 +194,19 @@ def column_widths(cells: list[list[str]], width: float = TEXT_WIDTH_PT) -> tuple
         least = [w * size + COLUMN_PAD_PT for w in words]
         if sum(least) <= width or size == TABLE_SIZES[-1][0]:
             break
+    short = [max(w, min(n, SHORT_EM)) * size + COLUMN_PAD_PT for w, n in zip(words, whole)]
+    if sum(short) <= width:  # where there is room, a short cell (第11章) on one line
+        least = short
     most = [max(n * size + COLUMN_PAD_PT, m) for n, m in zip(whole, least)]
     if sum(most) <= width:  # everything on one line: the spare room in proportion
         return size, [m * width / sum(most) for m in most]
-    spare = max(width - sum(least), 0.0) / max(sum(most) - sum(least), 1e-9)
-    return size, [m + (n - m) * spare for m, n in zip(least, most)]
+    if sum(least) >= width:
+        return size, least
+    low, high = 0.0, max(most)  # the level where the columns, each min(max(level, least), most), fill it
+    for _ in range(50):
+        level = (low + high) / 2
+        low, high = (level, high) if sum(min(max(level, m), n) for m, n in zip(least, most)) < width else (low, level)
+    return size, [min(max(high, m), n) for m, n in zip(least, most)]
 
 
 def _shown(node) -> str:
