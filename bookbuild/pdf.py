@@ -90,6 +90,10 @@ PREAMBLE = r"""
 \setcounter{tocdepth}{1}
 \protected\def\sphinxcrossref#1{#1}
 \protected\def\sphinxtermref#1{#1}
+\makeatletter
+\newcolumntype{\X}[2]{>{\raggedright\arraybackslash}p{\dimexpr
+      (\linewidth-\spx@arrayrulewidth)*#1/#2-\tw@\tabcolsep-\spx@arrayrulewidth\relax}}
+\makeatother
 \newcommand\BookHangBy[1]{\ifinner\else
   \leftskip=\numexpr#1+4\relax\fontcharwd\font`X\relax\kern-\leftskip\nobreak\fi}
 """
@@ -166,10 +170,12 @@ def _pages(document) -> dict:
 # Tables. tabulary sized a column by its text's share and let an unbreakable word run into the next
 # column (124M over its neighbour, 16,384 cut at 16,38), and a table longer than the page ran into the
 # footer. fit_table gives each column its width from its content, in the largest size where every
-# column holds its longest unbreakable word, and sets a table of more than LONG_ROWS rows as a
-# longtable, which breaks across pages.
+# column holds its longest unbreakable word (and its short cells whole, where some size allows), with
+# narrower gaps between many columns, ragged right (\X, redefined in PREAMBLE); a table of more than
+# LONG_ROWS rows is a longtable, which breaks across pages.
 TEXT_WIDTH_PT = 451.0   # A4 less Sphinx's 1 in margins
-COLUMN_PAD_PT = 12.0    # 2 \tabcolsep on either side of a column's text
+TABCOLSEP_PT = 6.0      # LaTeX's \tabcolsep, on either side of a column's text; half of it from MANY_COLUMNS
+MANY_COLUMNS = 7
 TABLE_SIZES = ((10, ""), (9, "\\small"), (8, "\\footnotesize"), (7, "\\scriptsize"))  # pt, command
 LONG_ROWS = 12
 SHORT_EM = 5  # a cell of up to this many em is kept on one line
@@ -181,8 +187,8 @@ def _em(text: str) -> float:
     return sum(1.0 if _WIDE.match(ch) else 0.75 if "A" <= ch <= "Z" else 0.6 for ch in text)  # DejaVu Serif
 
 
-def column_widths(cells: list[list[str]], width: float = TEXT_WIDTH_PT) -> tuple[int, list[float]]:
-    """(font size in pt, each column's width in pt) for a table of these cell texts (rows of columns):
+def column_widths(cells: list[list[str]], width: float = TEXT_WIDTH_PT) -> tuple[int, float, list[float]]:
+    """(font size, \\tabcolsep, each column's width; in pt) for a table of these cell texts (rows of columns):
     the largest TABLE_SIZES size where each column holds its longest unbreakable word (a Chinese character
     breaks anywhere) and its short cells whole; the room left goes to the columns whose longest cell is
     longer, each up to that cell's width, evenly (a column's width is at least its least, at most its whole)."""
@@ -190,23 +196,24 @@ def column_widths(cells: list[list[str]], width: float = TEXT_WIDTH_PT) -> tuple
     words = [max((_em(w) for row in cells if i < len(row) for w in _BREAKS.split(row[i]) if w), default=0.0)
              for i in range(ncol)]
     whole = [max((_em(row[i]) for row in cells if i < len(row)), default=0.0) for i in range(ncol)]
-    for size, _ in TABLE_SIZES:
-        least = [w * size + COLUMN_PAD_PT for w in words]
-        if sum(least) <= width or size == TABLE_SIZES[-1][0]:
-            break
-    short = [max(w, min(n, SHORT_EM)) * size + COLUMN_PAD_PT for w, n in zip(words, whole)]
-    if sum(short) <= width:  # where there is room, a short cell (第11章) on one line
-        least = short
-    most = [max(n * size + COLUMN_PAD_PT, m) for n, m in zip(whole, least)]
+    short = [max(w, min(n, SHORT_EM)) for w, n in zip(words, whole)]  # a short cell (第11章, 16 × 1) on one line
+    sizes = [size for size, _ in TABLE_SIZES]
+    sep = TABCOLSEP_PT if ncol < MANY_COLUMNS else TABCOLSEP_PT / 2
+    size = next((z for z in sizes if sum(w * z + 2 * sep for w in short) <= width), None)
+    if size is None:  # else the words whole at least
+        short = words
+        size = next((z for z in sizes if sum(w * z + 2 * sep for w in words) <= width), sizes[-1])
+    least = [w * size + 2 * sep for w in short]
+    most = [max(n * size + 2 * sep, m) for n, m in zip(whole, least)]
     if sum(most) <= width:  # everything on one line: the spare room in proportion
-        return size, [m * width / sum(most) for m in most]
+        return size, sep, [m * width / sum(most) for m in most]
     if sum(least) >= width:
-        return size, least
+        return size, sep, least
     low, high = 0.0, max(most)  # the level where the columns, each min(max(level, least), most), fill it
     for _ in range(50):
         level = (low + high) / 2
         low, high = (level, high) if sum(min(max(level, m), n) for m, n in zip(least, most)) < width else (low, level)
-    return size, [min(max(high, m), n) for m, n in zip(least, most)]
+    return size, sep, [min(max(high, m), n) for m, n in zip(least, most)]
 
 
 def _shown(node) -> str:
@@ -228,11 +235,11 @@ def fit_table(table: nodes.table) -> None:
     cells = [[" ".join(_shown(e).split()) for e in row.children if isinstance(e, nodes.entry)] for row in rows]
     if any(len(row) != len(specs) for row in cells):
         return
-    size, widths = column_widths(cells)
+    size, sep, widths = column_widths(cells)
     for spec, w in zip(specs, widths):
         spec["colwidth"] = max(1, round(w * 10))
     table["classes"] += ["colwidths-given"] + (["longtable"] if len(rows) > LONG_ROWS else [])
-    command = dict(TABLE_SIZES)[size]
+    command = dict(TABLE_SIZES)[size] + ("" if sep == TABCOLSEP_PT else "\\setlength{\\tabcolsep}{%gpt}" % sep)
     if command and table.parent is not None:
         at = table.parent.index(table)
         table.parent.insert(at + 1, nodes.raw("", "\\endgroup", format="latex"))
@@ -252,8 +259,6 @@ class BookAsLatex(SphinxPostTransform):
             if cell.get("nb_element") == "cell_code" and cell.get("hide_mode") in ("input", "all"):
                 for source in [c for c in cell.children if c.get("nb_element") == "cell_code_source"]:
                     cell.remove(source)  # the web page folds it away; the PDF keeps only its outputs
-        for table in list(self.document.findall(nodes.table)):
-            fit_table(table)
         numbers = self.env.toc_fignumbers  # as pages.py numbered them for the web pages
         page_of = _pages(self.document)
         for figure in list(self.document.findall(nodes.figure)):
@@ -304,8 +309,17 @@ class LinkToThePdf(SphinxPostTransform):
                     xref.replace_self(nodes.inline("", "", *xref.children))
 
 
+def fit_tables(app, doctree, docname) -> None:
+    """doctree-resolved, in a LaTeX build: every table fitted (fit_table), the provenance page's too, which
+    provenance.py fills at this event."""
+    if app.builder.format == "latex":
+        for table in list(doctree.findall(nodes.table)):
+            fit_table(table)
+
+
 def setup(app) -> None:
     app.connect("config-inited", latex_settings)
+    app.connect("doctree-resolved", fit_tables, priority=900)  # after provenance.py's fill_table (500)
     app.add_post_transform(BookAsLatex)
     app.add_post_transform(LinkToThePdf)
 
