@@ -178,6 +178,7 @@ TABCOLSEP_PT = 6.0      # LaTeX's \tabcolsep, on either side of a column's text;
 MANY_COLUMNS = 7
 TABLE_SIZES = ((10, ""), (9, "\\small"), (8, "\\footnotesize"), (7, "\\scriptsize"))  # pt, command
 LONG_ROWS = 12
+WORD_SLACK_EM = 0.4  # _em is an estimate: a word's column is this much wider (124M ran 1 pt over)
 SHORT_EM = 5  # a cell of up to this many em is kept on one line
 _WIDE = re.compile("[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")  # 1 em; Latin 0.6-0.75
 _BREAKS = re.compile(f"\\s+|(?={_WIDE.pattern})|(?<={_WIDE.pattern})")  # where a cell's line may break
@@ -193,8 +194,8 @@ def column_widths(cells: list[list[str]], width: float = TEXT_WIDTH_PT) -> tuple
     breaks anywhere) and its short cells whole; the room left goes to the columns whose longest cell is
     longer, each up to that cell's width, evenly (a column's width is at least its least, at most its whole)."""
     ncol = max(len(row) for row in cells)
-    words = [max((_em(w) for row in cells if i < len(row) for w in _BREAKS.split(row[i]) if w), default=0.0)
-             for i in range(ncol)]
+    words = [max((_em(w) + WORD_SLACK_EM for row in cells if i < len(row) for w in _BREAKS.split(row[i]) if w),
+                 default=0.0) for i in range(ncol)]
     whole = [max((_em(row[i]) for row in cells if i < len(row)), default=0.0) for i in range(ncol)]
     short = [max(w, min(n, SHORT_EM)) for w, n in zip(words, whole)]  # a short cell (第11章, 16 × 1) on one line
     sizes = [size for size, _ in TABLE_SIZES]
