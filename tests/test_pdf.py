@@ -193,7 +193,8 @@ def test_glued_values_as_in_the_html(built, bodies, name):
     names = [md.stem for md in book.pages()]
     starts = opening_pages(built)
     k = names.index(name)
-    chapter = squeeze("".join(bodies[starts[k]:starts[k + 1] if k + 1 < len(starts) else None]))
+    # to the page the next one opens on, inclusive: a section page (02_1_peak) opens below the end of the one before
+    chapter = squeeze("".join(bodies[starts[k]:starts[k + 1] + 1 if k + 1 < len(starts) else None]))
     values = glued_values(name)
     assert len(values) > 10, f"{name}: only {len(values)} glued values in the HTML"
     at = 0
