@@ -167,8 +167,8 @@ def table_cells(name: str) -> list[str]:
 
 def words(text: str) -> list[str]:
     """The runs of Latin letters, digits and signs in text, which a line never breaks inside (124M,
-    16,384, 2.1e10): the pieces a clipped or cut table cell would lose."""
-    return re.findall(r"[!-~]+", text)
+    16,384, 2.1e10): the pieces a clipped or cut table cell would lose. LaTeX sets an apostrophe as ’."""
+    return re.findall(r"[!-~]+", text.replace("\u2019", "'"))
 
 
 def glued_values(name: str) -> list[str]:
