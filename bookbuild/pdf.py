@@ -14,7 +14,9 @@ The Sphinx side (setup(), from sphinx_ext.py) only acts in a LaTeX build:
 - figures and tables numbered as the web pages number them: the number pages.py put in the
   environment (图 6.1) is the one LaTeX prints, not a count of its own;
 - what a PDF cannot hold (the calculator in chapter 12, the search) is one sentence with the command
-  that prints the same;
+  that prints the same; a hide-input cell's code, folded away on the web, is left out (its outputs stay);
+- tables sized by their content (fit_table), wrapped code hanging at its own indent (hang_code_lines),
+  links upright;
 - the front page's "下载 PDF" links the file beside the web pages (LinkToThePdf).
 
 No EPUB: Sphinx's epub builder is an HTML builder, so it would take what the HTML build adds for the
