@@ -23,6 +23,41 @@
     "--node-link-gbit": "机间网口（Gb/s）", "--grad-sync": "FSDP 累积时的梯度同步",
     "--global-batch-tokens": "全局批次（token/步）",
   };
+  // Each flag's help in Chinese: budget.py's --help says the same in English for the command line. A {name}
+  // is filled from what budget.py says (the flag's default, or describe's numbers), so no figure is typed
+  // twice; a flag without an entry shows its English help (tests/test_calculator.py wants one for each).
+  const HELP = {
+    "--model": "命名模型：定下形状、词表和上下文长度（也是 --seq-len 的默认值）。或者用 --d-model 和 --n-layer 给出形状",
+    "--params": "参数量 N（如 1.3e9 或 1.3B）；默认由形状算出",
+    "--d-model": "宽度 d（和 --n-layer 一起给出形状，用来算 FLOPs 和显存）",
+    "--n-layer": "层数 L",
+    "--n-head": "注意力头数（默认 d-model / 64）",
+    "--vocab-size": "词表大小 V：决定 logits 的大小，由形状推算 N 时也要用它。默认：命名模型自己的；形状恰是某个命名模型的，" +
+      "按那个模型算（768 × 12 是 GPT-2 124M：{gpt2_vocab}）；其余形状用 {book_vocab}，即本书的分词器和 train_gpu.py 的默认值。" +
+      "输出里写明用了哪个",
+    "--gpus": "GPU 数量（默认 {default}）",
+    "--gpu": "目录里的 GPU 型号（列表里有每种的峰值和显存）",
+    "--peak-tflops": "每张 GPU 的 16 位稠密峰值，TFLOP/s（覆盖 --gpu 的）",
+    "--memory-gb": "每张 GPU 的显存，GB（覆盖 --gpu 的）",
+    "--mfu": "模型 FLOPs 利用率，0 到 1 之间（默认 {default}）",
+    "--tokens-per-param": "训练 token 数 D = 这个数 × N（默认 {default}，Chinchilla 的比例）",
+    "--tokens": "训练 token 数 D（如 20e9 或 20B）",
+    "--seq-len": "序列长度 T（默认：命名模型的上下文长度，其余 {seq_len}）",
+    "--micro-batch": "每张 GPU 一次前向的序列数（默认：命名模型自己的，{named_micro}；其余 {micro_batch}）",
+    "--layout": "状态的精度布局：autocast（fp32 权重，和 train_gpu.py 一样；默认）或 mixed（bf16 权重和梯度加 fp32 主权重，" +
+      "ZeRO 论文的每参数 16 字节；Megatron-LM 保留 fp32 梯度：再勾选 --fp32-grads）",
+    "--fp32-grads": "配合 --layout mixed：fp32 梯度（每参数 18 字节）",
+    "--checkpoint-activations": "按块做激活检查点（train_gpu.py --checkpoint-activations）",
+    "--price-per-gpu-hour": "一张 GPU 租一小时的价格",
+    "--global-batch-tokens": "所有 GPU 一个优化器步的 token 数；累积步数取最接近它的整数个微批次。默认：GPT-3 对最接近的大小用的批次" +
+      "（Brown 等 2020，表 2.1），取整到 2^18 的倍数",
+    "--grad-accum": "每张 GPU 每个优化器步的微批次数（默认由 --global-batch-tokens 算出）",
+    "--grad-sync": "FSDP 在累积时怎么同步梯度：last = 攒着整份 fp32 梯度，最后一个微批次才 reduce-scatter（train_gpu.py 的默认）；" +
+      "every = 每个微批次都 reduce-scatter（torchtitan 的做法）；auto（默认）= 放得下就 last，否则 every",
+    "--link-gb-s": "一张 GPU 向其他卡发送的带宽，GB/s，单向（默认：code/gpus.py 里这种 GPU 的互连）",
+    "--gpus-per-node": "一台机器里的 GPU 数（默认 {default}）；更多的 GPU 跨机器",
+    "--node-link-gbit": "机器之间每张 GPU 的网口，Gb/s（默认 {default}，InfiniBand NDR）",
+  };
   // Flags in no section go to the "advanced" fold, so a flag added to budget.py shows up there by itself.
   const SECTIONS = [
     ["模型", ["--model", "--params", "--d-model", "--n-layer", "--vocab-size"]],
@@ -68,7 +103,11 @@ def calculator_describe():
     plain = budget.NamedModel.micro_batch
     models = {k: dict(micro_batch=str(m.micro_batch) if m.micro_batch != plain else None)
               for k, m in budget.MODELS.items()}
-    return json.dumps(dict(flags=flags, schemes=list(memory.SCHEME_NAMES.values()), models=models,
+    numbers = dict(gpt2_vocab=f"{budget.GPT2_VOCAB:,}", book_vocab=f"{budget.BOOK_VOCAB:,}",
+                   seq_len=str(budget.DEFAULT_SEQ_LEN), micro_batch=str(plain),
+                   named_micro="，".join(f"{k} {m.micro_batch}" for k, m in budget.MODELS.items()
+                                        if m.micro_batch != plain))
+    return json.dumps(dict(flags=flags, schemes=list(memory.SCHEME_NAMES.values()), models=models, numbers=numbers,
                            gpus=[dict(name=g.name, tflops=g.peak_flops / 1e12, memory_gb=g.memory_gb)
                                  for g in gpus.CATALOG]))
 
@@ -238,10 +277,12 @@ def calculator_run(argv_json):
   function field(f, describe) {
     const id = "calc" + f.flag.replace(/-/g, "_");
     const label = LABELS[f.flag] || f.flag;
-    const help = f.help + (f.group !== null ? "（与同组的另一项二选一）" : "");
+    const chinese = HELP[f.flag] &&
+      HELP[f.flag].replace(/\{(\w+)\}/g, (m, k) => (k === "default" ? f.default : describe.numbers[k]) ?? m);
+    const help = (chinese || f.help) + (f.group !== null ? "（与同组的另一项二选一）" : "");
     const caption = h("label", { for: id }, label + " ", h("code", { text: f.flag }));
     if (f.switch) {
-      return h("div", { class: "calc-field calc-switch", title: f.help },
+      return h("div", { class: "calc-field calc-switch", title: help },
         h("input", { type: "checkbox", id, "data-flag": f.flag }), caption, h("small", { text: help }));
     }
     let input;
@@ -276,7 +317,7 @@ def calculator_run(argv_json):
       parts.push(input);
     }
     parts.push(h("small", { text: help }));
-    return h("div", { class: "calc-field", title: f.help }, parts);
+    return h("div", { class: "calc-field", title: help }, parts);
   }
 
   function shellQuote(a) {

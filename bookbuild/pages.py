@@ -25,10 +25,16 @@
   says "Search this book..." unless told otherwise (chinese_search_box; html_theme_options is set
   here, since a value of it in _config.yml's sphinx.config would replace the theme options Jupyter
   Book derives from its html: section).
+- The theme's other words: under `language: zh_CN` the footer still said "© Copyright 2026." and the
+  tooltips "Color mode", "Link to this heading", "Launch on Colab" (Sphinx's and the themes' zh catalogs
+  lack them). UI_MESSAGES gives them in Chinese, looked up before each catalog (chinese_ui_messages); the
+  two sidebar buttons, whose tooltips are no message, come from bookbuild/templates/ (chinese_templates).
 
 tests/test_pages.py checks each of these on the built pages, in headless Chromium.
 """
+import gettext
 import re
+from pathlib import Path
 
 from docutils import nodes
 from sphinx.transforms import SphinxTransform
@@ -184,6 +190,53 @@ class TranslatePrompts(SphinxPostTransform):
 
 SEARCH_BOX = "搜索本书…"
 
+# What the themes and Sphinx still say in English under `language: zh_CN` (their zh catalogs lack these, or
+# "translate" the footer's copyright as itself), by message catalog: Sphinx's own with the themes', and
+# sphinx-book-theme's.
+UI_MESSAGES = {
+    "sphinx": {
+        "© Copyright %(copyright)s.": "版权所有 © %(copyright)s",
+        "Link to this heading": "链接到本节", "Link to this image": "链接到此图", "Link to this table": "链接到此表",
+        "Link to this equation": "链接到此公式", "Link to this code": "链接到此代码",
+        "Link to this definition": "链接到此定义", "Link to this term": "链接到此术语",
+        "Color mode": "配色", "System Settings": "跟随系统",
+    },
+    "booktheme": {"Launch on": "启动于", "Launch interactive content": "在线运行"},
+}
+
+
+class ChineseFirst(gettext.NullTranslations):
+    """A message catalog's translator, with UI_MESSAGES looked up before it."""
+
+    def __init__(self, messages: dict, translator) -> None:
+        super().__init__()
+        self.messages = messages
+        if translator is not None:
+            self.add_fallback(translator)
+
+    def gettext(self, message):
+        return self.messages.get(message) or super().gettext(message)
+
+
+TEMPLATES = Path(__file__).parent / "templates"  # the theme's components whose English is no message
+
+
+def chinese_templates(app, config) -> None:
+    """config-inited: TEMPLATES before the themes' own components (they append theirs to templates_path)."""
+    config.templates_path = [str(TEMPLATES), *(config.templates_path or [])]
+
+
+def chinese_ui_messages(app, config) -> None:
+    """config-inited, before the builder installs app.translator in its templates: each catalog's translator
+    looks in UI_MESSAGES first (sphinx.locale's `_` and the templates' `_()` both use it)."""
+    from sphinx import locale
+    for catalog, messages in UI_MESSAGES.items():
+        key = ("general", catalog)
+        translator = ChineseFirst(messages, locale.translators.get(key))
+        locale.translators[key] = translator
+        if catalog == "sphinx":
+            app.translator = translator
+
 
 def chinese_search_box(app, config) -> None:
     config.html_theme_options = {**(config.html_theme_options or {}), "search_bar_text": SEARCH_BOX}
@@ -203,6 +256,8 @@ def simplified_print_label(app, pagename, templatename, context, doctree) -> Non
 
 def setup(app) -> None:
     app.connect("config-inited", chinese_search_box)
+    app.connect("config-inited", chinese_ui_messages)
+    app.connect("config-inited", chinese_templates)
     app.connect("html-page-context", simplified_print_label, priority=900)  # after the theme made its buttons
     app.add_transform(PairQuotes)
     app.add_transform(FigureEveryImage)

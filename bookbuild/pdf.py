@@ -14,7 +14,9 @@ The Sphinx side (setup(), from sphinx_ext.py) only acts in a LaTeX build:
 - figures and tables numbered as the web pages number them: the number pages.py put in the
   environment (图 6.1) is the one LaTeX prints, not a count of its own;
 - what a PDF cannot hold (the calculator in chapter 12, the search) is one sentence with the command
-  that prints the same;
+  that prints the same; a hide-input cell's code, folded away on the web, is left out (its outputs stay);
+- tables sized by their content (fit_table), wrapped code hanging at its own indent (hang_code_lines),
+  links upright;
 - the front page's "下载 PDF" links the file beside the web pages (LinkToThePdf).
 
 No EPUB: Sphinx's epub builder is an HTML builder, so it would take what the HTML build adds for the
@@ -74,6 +76,9 @@ def missing_package() -> str | None:
 
 # The page's text width holds 80 characters of code at \footnotesize in a 10 pt A4 book; a longer line
 # is wrapped at a space or punctuation, and one without either is cut anywhere (verbatimforcewraps).
+# A wrapped line hangs at its own indent plus 4 (\BookHangBy, which hang_code_lines puts
+# before each line that may wrap).
+# Links, which Sphinx sets in \emph, are upright: the Latin words of a Chinese sentence were italic.
 PREAMBLE = r"""
 \usepackage{xeCJK}
 \setCJKmainfont{%(main)s}
@@ -85,7 +90,29 @@ PREAMBLE = r"""
 \makeatletter\renewcommand{\@pnumwidth}{2.2em}\makeatother
 \setcounter{secnumdepth}{-1}
 \setcounter{tocdepth}{1}
+\protected\def\sphinxcrossref#1{#1}
+\protected\def\sphinxtermref#1{#1}
+\makeatletter
+\newcolumntype{\X}[2]{>{\raggedright\arraybackslash}p{\dimexpr
+      (\linewidth-\spx@arrayrulewidth)*#1/#2-\tw@\tabcolsep-\spx@arrayrulewidth\relax}}
+\makeatother
+\newcommand\BookHangBy[1]{\ifinner\else
+  \leftskip=\numexpr#1+4\relax\fontcharwd\font`X\relax\kern-\leftskip\nobreak\fi}
 """
+
+HANG_MOST = 60  # the deepest indent a wrapped line hangs at (then plus 4)
+
+
+def hang_macro(indent: int) -> str:
+    """The name of the macro that hangs a line's continuation at indent + 4: an argument, {4}, would be
+    torn from it by Sphinx's verbatimforcewraps, which takes a line apart token by token."""
+    n, name = min(indent, HANG_MOST), ""
+    while True:
+        n, digit = divmod(n, 26)
+        name = "abcdefghijklmnopqrstuvwxyz"[digit] + name
+        if not n:
+            return "bookhang" + name
+
 
 LATEX_ELEMENTS = {
     "papersize": "a4paper",
@@ -93,7 +120,8 @@ LATEX_ELEMENTS = {
     # Sphinx's xelatex default would be FreeSerif, which is not installed
     "fontpkg": "\\setmainfont{%(main)s}[Scale=0.92]\n\\setsansfont{%(sans)s}[Scale=0.92]\n"
                "\\setmonofont{%(mono)s}[Scale=0.92]\n" % LATIN_FONTS,
-    "preamble": PREAMBLE % CJK_FONTS,
+    "preamble": PREAMBLE % CJK_FONTS + "".join("\\def\\%s{\\BookHangBy{%d}}\n" % (hang_macro(n), n)
+                                               for n in range(HANG_MOST + 1)),
     "fncychap": "",   # its styles print "CHAPTER ONE"; a chapter's title says 第1章 itself
     "babel": "",
     "polyglossia": "",
@@ -141,6 +169,86 @@ def _pages(document) -> dict:
     return page_of
 
 
+# Tables. tabulary sized a column by its text's share and let an unbreakable word run into the next
+# column (124M over its neighbour, 16,384 cut at 16,38), and a table longer than the page ran into the
+# footer. fit_table gives each column its width from its content, in the largest size where every
+# column holds its longest unbreakable word (and its short cells whole, where some size allows), with
+# narrower gaps between many columns, ragged right (\X, redefined in PREAMBLE); a table of more than
+# LONG_ROWS rows is a longtable, which breaks across pages.
+TEXT_WIDTH_PT = 451.0   # A4 less Sphinx's 1 in margins
+TABCOLSEP_PT = 6.0      # LaTeX's \tabcolsep, on either side of a column's text; half of it from MANY_COLUMNS
+MANY_COLUMNS = 7
+TABLE_SIZES = ((10, ""), (9, "\\small"), (8, "\\footnotesize"), (7, "\\scriptsize"))  # pt, command
+LONG_ROWS = 12
+WORD_SLACK_EM = 0.4  # _em is an estimate: a word's column is this much wider (124M ran 1 pt over)
+SHORT_EM = 5  # a cell of up to this many em is kept on one line
+_WIDE = re.compile("[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")  # 1 em; Latin 0.6-0.75
+_BREAKS = re.compile(f"\\s+|(?={_WIDE.pattern})|(?<={_WIDE.pattern})")  # where a cell's line may break
+
+
+def _em(text: str) -> float:
+    return sum(1.0 if _WIDE.match(ch) else 0.75 if "A" <= ch <= "Z" else 0.6 for ch in text)  # DejaVu Serif
+
+
+def column_widths(cells: list[list[str]], width: float = TEXT_WIDTH_PT) -> tuple[int, float, list[float]]:
+    """(font size, \\tabcolsep, each column's width; in pt) for a table of these cell texts (rows of columns):
+    the largest TABLE_SIZES size where each column holds its longest unbreakable word (a Chinese character
+    breaks anywhere) and its short cells whole; the room left goes to the columns whose longest cell is
+    longer, each up to that cell's width, evenly (a column's width is at least its least, at most its whole)."""
+    ncol = max(len(row) for row in cells)
+    words = [max((_em(w) + WORD_SLACK_EM for row in cells if i < len(row) for w in _BREAKS.split(row[i]) if w),
+                 default=0.0) for i in range(ncol)]
+    whole = [max((_em(row[i]) for row in cells if i < len(row)), default=0.0) for i in range(ncol)]
+    short = [max(w, min(n, SHORT_EM)) for w, n in zip(words, whole)]  # a short cell (第11章, 16 × 1) on one line
+    sizes = [size for size, _ in TABLE_SIZES]
+    sep = TABCOLSEP_PT if ncol < MANY_COLUMNS else TABCOLSEP_PT / 2
+    size = next((z for z in sizes if sum(w * z + 2 * sep for w in short) <= width), None)
+    if size is None:  # else the words whole at least
+        short = words
+        size = next((z for z in sizes if sum(w * z + 2 * sep for w in words) <= width), sizes[-1])
+    least = [w * size + 2 * sep for w in short]
+    most = [max(n * size + 2 * sep, m) for n, m in zip(whole, least)]
+    if sum(most) <= width:  # everything on one line: the spare room in proportion
+        return size, sep, [m * width / sum(most) for m in most]
+    if sum(least) >= width:
+        return size, sep, least
+    low, high = 0.0, max(most)  # the level where the columns, each min(max(level, least), most), fill it
+    for _ in range(50):
+        level = (low + high) / 2
+        low, high = (level, high) if sum(min(max(level, m), n) for m, n in zip(least, most)) < width else (low, level)
+    return size, sep, [min(max(high, m), n) for m, n in zip(least, most)]
+
+
+def _shown(node) -> str:
+    """A cell's text as printed, roughly: math without its TeX commands and braces."""
+    if isinstance(node, nodes.math):
+        return re.sub(r"\\[A-Za-z]+|[{}^_]", "", node.astext())
+    if isinstance(node, nodes.Text):
+        return str(node)
+    return " ".join(_shown(c) for c in node.children)
+
+
+def fit_table(table: nodes.table) -> None:
+    """The table's columns sized by column_widths, its font size set around it, long ones as longtables."""
+    group = next(iter(table.findall(nodes.tgroup)), None)
+    rows = list(table.findall(nodes.row))
+    if group is None or not rows or any(e.get("morecols") or e.get("morerows") for e in table.findall(nodes.entry)):
+        return
+    specs = [c for c in group.children if isinstance(c, nodes.colspec)]
+    cells = [[" ".join(_shown(e).split()) for e in row.children if isinstance(e, nodes.entry)] for row in rows]
+    if any(len(row) != len(specs) for row in cells):
+        return
+    size, sep, widths = column_widths(cells)
+    for spec, w in zip(specs, widths):
+        spec["colwidth"] = max(1, round(w * 10))
+    table["classes"] += ["colwidths-given"] + (["longtable"] if len(rows) > LONG_ROWS else [])
+    command = dict(TABLE_SIZES)[size] + ("" if sep == TABCOLSEP_PT else "\\setlength{\\tabcolsep}{%gpt}" % sep)
+    if command and table.parent is not None:
+        at = table.parent.index(table)
+        table.parent.insert(at + 1, nodes.raw("", "\\endgroup", format="latex"))
+        table.parent.insert(at, nodes.raw("", "\\begingroup" + command, format="latex"))
+
+
 class BookAsLatex(SphinxPostTransform):
     """The whole book's doctree, as the LaTeX builder assembled it: the web pages' figure numbers,
     the front page as one chapter, and a sentence where the web page has what a PDF cannot hold."""
@@ -150,6 +258,10 @@ class BookAsLatex(SphinxPostTransform):
 
     def run(self, **kwargs) -> None:
         from . import pyodide
+        for cell in list(self.document.findall(nodes.container)):
+            if cell.get("nb_element") == "cell_code" and cell.get("hide_mode") in ("input", "all"):
+                for source in [c for c in cell.children if c.get("nb_element") == "cell_code_source"]:
+                    cell.remove(source)  # the web page folds it away; the PDF keeps only its outputs
         numbers = self.env.toc_fignumbers  # as pages.py numbered them for the web pages
         page_of = _pages(self.document)
         for figure in list(self.document.findall(nodes.figure)):
@@ -200,10 +312,37 @@ class LinkToThePdf(SphinxPostTransform):
                     xref.replace_self(nodes.inline("", "", *xref.children))
 
 
+def fit_tables(app, doctree, docname) -> None:
+    """doctree-resolved, in a LaTeX build: every table fitted (fit_table), the provenance page's too, which
+    provenance.py fills at this event."""
+    if app.builder.format == "latex":
+        for table in list(doctree.findall(nodes.table)):
+            fit_table(table)
+
+
 def setup(app) -> None:
     app.connect("config-inited", latex_settings)
+    app.connect("doctree-resolved", fit_tables, priority=900)  # after provenance.py's fill_table (500)
     app.add_post_transform(BookAsLatex)
     app.add_post_transform(LinkToThePdf)
+
+
+# ---- the .tex as Sphinx wrote it ----
+
+def hang_code_lines(tex: str, columns: int = 80) -> str:
+    """Each line of code or output that may wrap (longer than `columns` in the .tex) starts with
+    the macro hang_macro names for its indent: its continuation lines hang at that indent plus 4."""
+    out, inside = [], False
+    for line in tex.split("\n"):
+        if line.startswith("\\begin{sphinxVerbatim}[commandchars="):
+            inside = True
+        elif line.startswith("\\end{sphinxVerbatim}"):
+            inside = False
+        elif inside and len(line) > columns:
+            m = re.match(r"( *)(?:\\PYG\{\+w\}\{( +)\})?", line)
+            line = "\\%s{}" % hang_macro(len(m.group(1)) + len(m.group(2) or "")) + line  # {} ends the name
+        out.append(line)
+    return "\n".join(out)
 
 
 # ---- what the LaTeX log says ----
@@ -219,6 +358,21 @@ def overfull_verbatim(log: str) -> list[str]:
     """LaTeX's overfull-hbox warnings for lines of code or output, each with the line it shows."""
     return [f"{warning} {shown}" for warning, shown in re.findall(r"^(Overfull \\hbox .*)\n(.*)", log, re.M)
             if VERBATIM_FONT.search(shown)]
+
+
+def overfull_tables(log: str, tex: str) -> list[str]:
+    """LaTeX's overfull-box warnings from inside a table of the .tex (tabular, tabulary, longtable): a cell
+    whose text is wider than its column runs under the next one, which hides it."""
+    spans, start = [], None
+    for number, line in enumerate(tex.split("\n"), start=1):
+        if re.match(r"\\begin\{(tabular|tabulary|longtable)\}", line):
+            start = number
+        elif start and re.match(r"\\end\{(tabular|tabulary|longtable)\}", line):
+            spans.append((start, number))
+            start = None
+    return [warning for warning, first, last in
+            re.findall(r"^(Overfull \\hbox .* at lines (\d+)--(\d+))$", log, re.M)
+            if any(a <= int(first) and int(last) <= b for a, b in spans)]
 
 
 # ---- the command ----
@@ -265,6 +419,8 @@ def main(argv=None) -> int:
     rc = run_jupyter_book(cmd, keys)
     if rc:
         return rc
+    tex = LATEX / f"{NAME}.tex"
+    tex.write_text(hang_code_lines(tex.read_text(encoding="utf-8")), encoding="utf-8")
     log = LATEX / f"{NAME}.log"
     rc = subprocess.run(["latexmk", "-xelatex", "-interaction=nonstopmode", "-halt-on-error", f"{NAME}.tex"],
                         cwd=LATEX, capture_output=True).returncode  # Sphinx's latexmkrc is noisy on stderr

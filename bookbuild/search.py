@@ -143,7 +143,33 @@ var bookSection = (root, query) => {
 /* The glossary's synonyms (（也叫 …）, search_terms.synonyms) become the term the book writes. */
 var bookCanonical = (query) => Object.keys(BOOK_SYNONYMS).sort((a, b) => b.length - a.length)
   .reduce((q, word) => q.split(word).join(BOOK_SYNONYMS[word]), query || "");
+/* An excerpt reads math as text: the page's TeX (\(T^*\), \[B_\text{global} = …\]) without its
+   delimiters, its \text{} and \frac{}{} unwrapped and its commands as the symbols they print. */
+var BOOK_TEX_SYMBOLS = {times: "×", cdot: "·", approx: "≈", le: "≤", leq: "≤", ge: "≥", geq: "≥", ne: "≠",
+  neq: "≠", pm: "±", to: "→", rightarrow: "→", Longrightarrow: "⟹", infty: "∞", propto: "∝", in: "∈",
+  sum: "Σ", sqrt: "√", partial: "∂", nabla: "∇", odot: "⊙", top: "ᵀ", ell: "ℓ", dots: "…", ldots: "…",
+  cdots: "⋯", lfloor: "⌊", rfloor: "⌋", alpha: "α", beta: "β", gamma: "γ", delta: "δ", Delta: "Δ",
+  epsilon: "ε", eta: "η", theta: "θ", lambda: "λ", mu: "μ", pi: "π", sigma: "σ", tau: "τ", bmod: "mod",
+  quad: " ", qquad: " ", " ": " ", ",": " ", ";": " ", ":": " ", "!": "", left: "", right: "", big: "", Big: "",
+  bigl: "", bigr: "", displaystyle: ""};
+var bookGroup = (x) => /[-+ ]/.test(x.trim()) ? `(${x.trim()})` : x.trim();  // (G-1)/G, not G-1/G
+var BOOK_TEX_WRAPPERS = new RegExp("\\\\(?:text|textrm|mathrm|mathbf|mathit|mathcal|operatorname|boldsymbol"
+                                   + "|bar|hat|underbrace)\\s*\\{([^{}]*)\\}", "g");
+var bookPlainTex = (tex) => {
+  let t = tex;
+  for (let i = 0; i < 4; i++)  // inside out: a \frac of \text{}s
+    t = t.replace(BOOK_TEX_WRAPPERS, "$1")
+         .replace(/\\t?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}/g, (m, a, b) => `${bookGroup(a)}/${bookGroup(b)}`);
+  t = t.replace(/\\([A-Za-z]+|[,;:! %%$#&_])/g, (m, name) => name in BOOK_TEX_SYMBOLS ? BOOK_TEX_SYMBOLS[name] : name);
+  return t.replace(/[{}]/g, "").replace(/\s+/g, " ").trim();
+};
+var bookPlainMath = (text) => text
+  .replace(/\\\(([\s\S]*?)\\\)/g, (m, tex) => bookPlainTex(tex))
+  .replace(/\\\[([\s\S]*?)\\\]/g, (m, tex) => bookPlainTex(tex))
+  .replace(/\$\$([\s\S]*?)\$\$/g, (m, tex) => bookPlainTex(tex));
 if (typeof Search !== "undefined") {
+  const sphinxHtmlToText = Search.htmlToText;  // the text makeSearchSummary cuts an excerpt from
+  Search.htmlToText = (htmlString, anchor) => bookPlainMath(sphinxHtmlToText(htmlString, anchor));
   const sphinxParseQuery = Search._parseQuery;
   Search._parseQuery = (query) => {
     query = bookCanonical(query);

@@ -112,6 +112,30 @@ def test_chinese_search_finds_the_scaling_chapter(site, browser):
         page.close()
 
 
+TEX_WORD = "全局批次"  # an excerpt of 05_accumulation holds $$B_\text{global} = …$$
+RAW_TEX = re.compile(r"\\[(\[)]|\\[A-Za-z]+|\$\$")
+
+
+def test_search_excerpts_read_math_as_text(site, browser):
+    """An excerpt is cut from the page's text, where MathJax's source sits between \\( \\) or \\[ \\]:
+    bookbuild/search.py's bookPlainMath writes it as the symbols it prints."""
+    page, errors = open_page(browser, f"{site}/search.html?q={TEX_WORD}")
+    try:
+        assert page.evaluate(r"""() => bookPlainMath(
+            "设 \\(T^*\\) 步；\\[B_\\text{global} = \\frac{G-1}{G}\\,b \\times k \\approx 37\\%\\]")""") \
+            == "设 T^* 步；B_global = (G-1)/G b × k ≈ 37%"
+        page.wait_for_function("() => document.querySelectorAll('#search-results ul.search li').length > 3 && "
+                               "[...document.querySelectorAll('#search-results ul.search li')]"
+                               ".every(li => li.querySelector('p.context'))", timeout=30_000)
+        excerpts = page.eval_on_selector_all("#search-results p.context", "ps => ps.map(p => p.textContent)")
+        assert any("B_global = " in e for e in excerpts), excerpts  # \[B_\text{global} = …\], as text
+        raw = [e for e in excerpts if RAW_TEX.search(e)]
+        assert not raw, f"excerpts with TeX: {raw}"
+        assert not errors, f"console errors: {errors}"
+    finally:
+        page.close()
+
+
 # ---- figures in the theme's dark mode ----
 # A figure must stay readable when the reader switches the theme to dark. Two things make it so, and
 # both are checked: matplotlib draws each figure on an opaque white background (no transparent PNG that

@@ -13,6 +13,7 @@ Needs Debian's chromium, like tests/test_browser.py (the build-and-serve fixture
 """
 import json
 import random
+import re
 import shlex
 from urllib.parse import urlparse
 
@@ -249,6 +250,17 @@ def open_calculator(site, browser, width, height):
 @pytest.fixture(scope="module")
 def calculator(site, browser):
     yield from open_calculator(site, browser, 1280, 900)
+
+
+def test_the_form_explains_each_flag_in_chinese(calculator):
+    """Each field's help is calculator.js's Chinese (HELP), not budget.py's English --help, with every
+    {placeholder} filled."""
+    helps = calculator.eval_on_selector_all(
+        "#budget-calculator .calc-field", "fs => fs.map(f => [f.querySelector('[data-flag]')?.dataset.flag, "
+        "f.querySelector(':scope > small')?.textContent || ''])")
+    assert {flag for flag, _ in helps} >= set(ORDER), helps
+    english = [(flag, text) for flag, text in helps if flag and (not re.search("[\u4e00-\u9fff]", text) or "{" in text)]
+    assert not english, f"fields whose help is not Chinese: {english}"
 
 
 def shows(page, config, scheme, by_hand=False):

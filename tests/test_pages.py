@@ -17,7 +17,8 @@
 - Quotation marks and dashes: no ”…” (two closing quotes), no en dash the source does not have (so a
   glued "+--+" stays four signs).
 - Glued text carries no Markdown (a backtick or a $ shows literally in a {glue:text} value).
-- The UI strings are Chinese: the hidden cells' prompts and the search box.
+- The UI strings are Chinese: the hidden cells' prompts, the search box, every tooltip and the footer
+  (pages.UI_MESSAGES, bookbuild/templates/).
 - Each chapter says on its first screen, right after its first paragraph, how long it took to execute and
   on which CPU, linking to the provenance page (bookbuild/provenance.py).
 
@@ -34,6 +35,7 @@ from test_browser import REPO, toc_pages
 from bookbuild import book, pages
 
 WIDTHS = (1280, 390)
+CJK = re.compile("[\u4e00-\u9fff]")
 LEGIBLE = 0.65  # shown width / drawn width of a figure: 10 pt at 100 dpi reads at 9 px or more
 
 MEASURE_JS = """() => {
@@ -90,6 +92,12 @@ MEASURE_JS = """() => {
       .fontWeight !== getComputedStyle(e.parentElement).fontWeight).map(e => e.textContent.slice(0, 30)),
     prompts: [...main.querySelectorAll('details.hide summary p')].map(e => e.textContent.trim()),
     search_box: [...document.querySelectorAll('input[name="q"]')].map(e => e.placeholder),
+    // what the page says outside the article: tooltips (Bootstrap moves a title to data-bs-original-title)
+    // and the footer's copyright
+    tooltips: [...document.querySelectorAll('[title], [data-bs-title], [data-bs-original-title]')]
+      .flatMap(e => ['title', 'data-bs-title', 'data-bs-original-title'].map(a => e.getAttribute(a)))
+      .filter(t => t && t.trim()),
+    footer: [...document.querySelectorAll('footer p, .bd-footer p')].map(e => e.textContent.trim()),
     uncued: [...main.querySelectorAll('div.cell_output .book-columns, .pst-scrollable-table-container, '
                                      + 'mjx-container[display="true"]')].filter(visible).filter(e => {
         const box = e.matches('.book-columns') ? e.querySelector('pre') : e;
@@ -267,6 +275,8 @@ def test_ui_strings_are_chinese(measured):
         english = [p for p in m["prompts"] if re.search(r"[A-Za-z]{3,}", p)]
         assert not english, f"{docname}: English prompts {english}"
         assert all(box == pages.SEARCH_BOX for box in m["search_box"]), (docname, m["search_box"])
+        english = sorted({t for t in m["tooltips"] + m["footer"] if not CJK.search(t)})
+        assert not english, f"{docname}: tooltips or footer without a Chinese word: {english}"
 
 
 def test_each_chapter_says_how_long_it_took_to_execute(measured):

@@ -3,10 +3,12 @@
 Builds the PDF once (`python -m bookbuild.pdf`, which executes only chapters missing from the execution
 cache), after the HTML build if the tests have not made one for these inputs. Checks: every chapter's
 title opens a page, in _toc.yml's order; the page count; every glued value of chapters 2, 9 and 12,
-in order, exactly as the built HTML shows it; as many numbered figures as the HTML, with the same
-numbers; a CJK font embedded and a Chinese paragraph extracted back as the same characters; no
-unresolved reference; no line of code or output past the margin. A few pages are rendered to PNG in
-_build/pdf/pages/ for a person to look at.
+in order, exactly as the built HTML shows it; every word of the tables of chapters 8 and 12, the glossary
+and the provenance page whole, and no cell wider than its column; no text below the text block;
+no source of a hide-input cell; as many numbered figures as the HTML, with the same numbers; a CJK font
+embedded and a Chinese paragraph extracted back as the same characters; no unresolved reference; no
+line of code or output past the margin. A few pages are rendered to PNG in _build/pdf/pages/ for a person
+to look at.
 
 Skips (one line) without the Debian packages bookbuild/pdf.py names; in CI (CI=true) that is a failure.
 """
@@ -26,9 +28,11 @@ from bookbuild.cache import STAMP, inputs_hash
 REPO = Path(__file__).resolve().parent.parent
 HTML = REPO / "_build" / "html"
 PAGES = pdf.OUT.parent / "pages"
-PAGE_RANGE = (150, 240)  # 179 pages on A4 at 10 pt when this test was written
+PAGE_RANGE = (150, 240)  # 194 pages on A4 at 10 pt (179 when this test was written)
 GLUED_CHAPTERS = ("02_speed", "09_scaling", "12_budget")
+TABLE_PAGES = ("08_comm_threshold", "08_1_bytes", "12_budget", "12_1_fit", "glossary", "provenance")  # wide, long
 BODY_Y = (55, 785)  # A4 in points: the header's baseline is near 45, the body ends by 784, the footer from 791
+FOOTER_Y = (789, 794)  # where the footer's lines start (page number, chapter title); nothing starts below
 MISSING = pdf.missing_package() or (None if shutil.which("pdftotext") else "poppler-utils")
 if MISSING and os.environ.get("CI") == "true":
     raise RuntimeError(f"CI builds the PDF: apt-get install {MISSING}")
@@ -130,6 +134,43 @@ class Pasted(html.parser.HTMLParser):
             self.values[-1] += data
 
 
+class TableCells(html.parser.HTMLParser):
+    """The text of each cell (td, th) of a built page's tables, without its math (TeX in the HTML)."""
+
+    def __init__(self):
+        super().__init__()
+        self.cells, self.cell, self.math = [], None, 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("td", "th"):
+            self.cell = ""
+        elif self.math or (tag == "span" and "math" in (dict(attrs).get("class") or "").split()):
+            self.math += tag == "span"
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self.cell is not None:
+            self.cells.append(self.cell)
+            self.cell = None
+        elif self.math and tag == "span":
+            self.math -= 1
+
+    def handle_data(self, data):
+        if self.cell is not None and not self.math:
+            self.cell += data
+
+
+def table_cells(name: str) -> list[str]:
+    parser = TableCells()
+    parser.feed((HTML / "chapters" / f"{name}.html").read_text(encoding="utf-8"))
+    return parser.cells
+
+
+def words(text: str) -> list[str]:
+    """The runs of Latin letters, digits and signs in text, which a line never breaks inside (124M,
+    16,384, 2.1e10): the pieces a clipped or cut table cell would lose. LaTeX sets an apostrophe as ’."""
+    return re.findall(r"[!-~]+", text.replace("\u2019", "'"))
+
+
 def glued_values(name: str) -> list[str]:
     parser = Pasted()
     parser.feed((HTML / "chapters" / f"{name}.html").read_text(encoding="utf-8"))
@@ -152,7 +193,8 @@ def test_glued_values_as_in_the_html(built, bodies, name):
     names = [md.stem for md in book.pages()]
     starts = opening_pages(built)
     k = names.index(name)
-    chapter = squeeze("".join(bodies[starts[k]:starts[k + 1] if k + 1 < len(starts) else None]))
+    # to the page the next one opens on, inclusive: a section page (02_1_peak) opens below the end of the one before
+    chapter = squeeze("".join(bodies[starts[k]:starts[k + 1] + 1 if k + 1 < len(starts) else None]))
     values = glued_values(name)
     assert len(values) > 10, f"{name}: only {len(values)} glued values in the HTML"
     at = 0
@@ -160,6 +202,64 @@ def test_glued_values_as_in_the_html(built, bodies, name):
         where = chapter.find(squeeze(value), at)
         assert where >= 0, f"{name}: glued value {value!r} not in the PDF after {chapter[max(0, at - 60):at]!r}"
         at = where + len(squeeze(value))
+
+
+def test_tables_hold_their_cells_whole(built, bodies):
+    """Every word of every table cell of TABLE_PAGES is a word of its pages' text, and no cell is wider than
+    its column (LaTeX's overfull boxes in a table): the cell under the next one's colour hid its end, 124M
+    read 124Ɱ and 16,384 16,38."""
+    names = [md.stem for md in book.pages()]
+    starts = opening_pages(built)
+    for name in TABLE_PAGES:
+        k = names.index(name)
+        pages = bodies[starts[k]:starts[k + 1] + 1 if k + 1 < len(starts) else None]
+        found = set(words("\n".join(pages)))
+        cells = table_cells(name)
+        assert cells, f"{name}: no table in the HTML"
+        missing = sorted({w for cell in cells for w in words(cell) if w not in found})
+        assert not missing, f"{name}: table cells' words not whole in the PDF: {missing[:20]}"
+    log = (pdf.LATEX / f"{pdf.NAME}.log").read_text(encoding="utf-8", errors="replace")
+    tex = (pdf.LATEX / f"{pdf.NAME}.tex").read_text(encoding="utf-8")
+    assert not pdf.overfull_tables(log, tex)
+
+
+def test_nothing_runs_into_the_footer(built):
+    """Each page's text ends above its footer: a table longer than the page ran below it (y 807-834)."""
+    layout = subprocess.run(["pdftotext", "-enc", "UTF-8", "-bbox-layout", str(pdf.OUT), "-"],
+                            capture_output=True, text=True, check=True).stdout
+    line = re.compile(r'<line xMin="[\d.]+" yMin="([\d.]+)" xMax="[\d.]+" yMax="([\d.]+)">(.*?)</line>', re.S)
+    low = []
+    for number, page in enumerate(layout.split("<page ")[1:], start=1):
+        for top, bottom, words_xml in line.findall(page):
+            footer = FOOTER_Y[0] <= float(top) < FOOTER_Y[1]
+            if not footer and float(bottom) > BODY_Y[1] + 2:
+                low.append((number, float(top), "".join(re.findall(r">([^<]*)</word>", words_xml))[:30]))
+    assert not low, f"text below the text block (page, y, text): {low[:10]}"
+
+
+def hidden_lines() -> dict[str, str]:
+    """{page: a line of one of its hide-input cells} for each such cell: the line of 20-70 characters (one that
+    fits a line of the PDF) found in no cell the book shows."""
+    from bookbuild.cache import as_the_build_reads
+    cells = [(md.stem, c) for md in book.chapters() for c in as_the_build_reads(md).cells if c.cell_type == "code"]
+    hidden = lambda c: {"hide-input", "hide-cell"} & set(c.metadata.get("tags", []))  # noqa: E731
+    shown = squeeze("".join(c.source for _, c in cells if not hidden(c)))
+    picked = {}
+    for stem, cell in cells:
+        lines = [squeeze(x) for x in cell.source.splitlines() if 20 <= len(x.strip()) <= 70]
+        lines = [x for x in lines if x not in shown]
+        if hidden(cell) and lines:
+            picked[f"{stem}: {max(lines, key=len)}"] = max(lines, key=len)
+    return picked
+
+
+def test_hidden_code_is_left_out(built):
+    """A hide-input cell's source, folded away on the web page, is not printed; its outputs are."""
+    text = squeeze("".join(built))
+    lines = hidden_lines()
+    assert len(lines) > 20
+    printed = [where for where, line in lines.items() if line in text]
+    assert not printed, f"hide-input cells printed in the PDF: {printed[:5]}"
 
 
 def test_figures_as_in_the_html(built):
