@@ -38,6 +38,7 @@ Needs torch only where a function is called; not needed on a rented box (train_g
 import contextlib
 import os
 import shlex
+import warnings
 
 MICRO_BATCHES = 2  # the measured step's micro-batches at most: from the second on, each holds what the second does
 TOLERANCE = 0.02  # every plan's tracker peak within 2 % of the ledger
@@ -208,7 +209,10 @@ def simulate(script_args, world: int, per_node: int, gpu: str = "H100", breakdow
 
     import train_gpu
     args, accum, precision, run = planned(script_args, world, per_node, gpu)
-    with fake_group(0, world, per_node):
+    with fake_group(0, world, per_node), warnings.catch_warnings():
+        # train_gpu.py sets its step timeout on every group; torch warns that the fake one, being neither
+        # nccl nor gloo, ignores it
+        warnings.filterwarnings("ignore", "Set timeout is now only supported", UserWarning)
         sharded = run.sharded
         ranks = world if sharded else 1  # DDP: shim "ddp", its one process
         if not sharded and dist.is_initialized():
@@ -249,7 +253,11 @@ def printed_commands(budget_argv: list) -> list:
     """The `torchrun ... code/train_gpu.py ...` lines budget.py prints for these arguments (none where
     nothing fits)."""
     import budget
-    text = budget.plan(budget_argv)["text"]
+    return command_lines_in(budget.plan(budget_argv)["text"])
+
+
+def command_lines_in(text: str) -> list:
+    """The `torchrun ...` lines of budget.py's output."""
     return [x.split(None, 1)[1] for x in text.splitlines() if x.startswith("command ") and " torchrun " in x]
 
 
@@ -266,10 +274,10 @@ def simulate_plan(budget_argv: list) -> dict:
     """simulate() of the command budget.py prints for these arguments, on its --gpu: the last command it
     prints (the one it chose), with 'command' (that line) and 'world'."""
     import budget
-    line = printed_commands(budget_argv)[-1]
+    plan = budget.plan(budget_argv)
+    line = command_lines_in(plan["text"])[-1]
     script_args, world, per_node = printed_world(line)
-    return {**simulate(script_args, world, per_node, budget.plan(budget_argv)["args"].gpu),
-            "command": line, "world": world}
+    return {**simulate(script_args, world, per_node, plan["args"].gpu), "command": line, "world": world}
 
 
 def param_count_of(args) -> int:
