@@ -3,7 +3,7 @@ train_gpu.py's own setup and step as process 0 of the plan's world on torch's fa
 tensors of the real shapes, peak per GPU by torch's memory trackers. And the ledger's terms that those runs
 corrected, each by the part the tracker shows. What this cannot see: the kernels themselves, the CUDA
 context, NCCL's buffers, the allocator's fragmentation (PyTorch holds these trackers to ±10 % of CUDA's
-allocated peak on its own GPU tests)."""
+peak of active bytes on its own GPU tests: code/fake_run.py's docstring names them)."""
 import pytest
 
 from bookbuild import full_size
