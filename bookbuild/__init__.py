@@ -6,6 +6,7 @@
     python -m bookbuild.portability [NN_name.md ...] # nbval under other CPUs' kernels, with each assert's margin
     python -m bookbuild.pdf                         # the book as a PDF, _build/pdf/, from the execution cache
     python -m bookbuild.rehearse [--subset]         # the budget's printed commands, shrunk, run on this CPU
+    python -m bookbuild.full_size [--representatives] # the same commands unshrunk, simulated: peak vs ledger
 
 What lives where:
 
@@ -43,6 +44,9 @@ What lives where:
                  (schemes, --grad-sync, checkpointing, compile, fp16, 1/2/4 processes, 2 nodes), parsed
                  by torchrun's and train_gpu.py's own parsers, shrunk and run with gloo; checks the held
                  bytes against the ledger, a SIGTERM's exit 75 and checkpoint, resumes; a table in _build/.
+- full_size.py   the budget's printed commands at their full size (code/fake_run.py: rank 0 on a fake
+                 process group, fake tensors, torch's memory tracker) against the ledger; which of them
+                 stand for the rest in the slow test (representatives); a table in _build/.
 - pyodide.py     chapter 12's calculator: the pinned Pyodide (npm package, version and integrity), fetched
                  and cached under _build/, and budget.py with the modules it imports, copied from code/
                  into the HTML's _static/ at every build.

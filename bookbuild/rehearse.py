@@ -65,6 +65,7 @@ from .book import REPO
 
 sys.path.insert(0, str(REPO / "code"))
 import budget  # noqa: E402
+from fake_run import printed_commands  # noqa: E402  (the command lines budget.plan prints)
 
 OUTPUT = REPO / "_build" / "rehearsal.json"
 INDUCTOR_DIR = "inductor"  # each run's own torch.compile cache, in its folder: a killed launch's half-written
@@ -202,12 +203,6 @@ def parse_command(line: str) -> Command:
     script_args = list(ns.training_script_args)
     _parse(script_parser(), script_args)
     return Command(tuple(tokens[1:len(tokens) - len(script_args) - 1]), ns.training_script, tuple(script_args))
-
-
-def printed_commands(argv: list) -> list:
-    """The command lines budget.plan(argv) prints (none where nothing fits)."""
-    text = budget.plan(argv)["text"]
-    return [x.split(None, 1)[1] for x in text.splitlines() if x.startswith("command ") and " torchrun " in x]
 
 
 def _where(tokens: tuple, flag: str) -> list:

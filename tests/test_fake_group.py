@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import train_gpu
-from bookbuild.full_size import fake_group
+from fake_run import fake_group
 from model import GPT, GPTConfig, init_per_parameter
 
 SHAPE = ["--d-model", "32", "--n-layer", "2", "--n-head", "2", "--seq-len", "16", "--vocab-size", "250"]
