@@ -422,7 +422,7 @@ def test_the_printed_command_runs_scaled_down_on_two_cpu_processes(tmp_path):
     print(out)
     assert p.returncode == 0, out + err
     assert flags[flags.index("--shard") + 1] == "hsdp"  # across 8 machines, the fastest scheme that fits
-    assert "HSDP over 2 processes" in out and "activation checkpointing: on" in out
+    assert "HSDP over 2 processes" in out and "recompute: on" in out
     assert "memory ledger (code/shapes.py) for this run on a GPU" in out and "step     2/2" in out
 
 
