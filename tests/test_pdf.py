@@ -89,9 +89,10 @@ def opens_with(page: str, title: str) -> bool:
 
 
 def holds_heading(page: str, title: str) -> bool:
-    """Whether the page has the title as a heading: a line of its own, or two when it wraps (the chapter's
-    own page names its section pages by title inside sentences, which does not count)."""
-    lines = [squeeze(line) for line in page.splitlines()]
+    """Whether the page has the title as a heading: a line of its own, or two when it wraps or when pdftotext
+    sets a section's number apart from its words (the chapter's own page names its section pages by title
+    inside sentences, which does not count)."""
+    lines = [squeeze(line) for line in page.splitlines() if line.strip()]  # "2.1" and the title may stand apart
     return squeeze(title) in lines + [a + b for a, b in zip(lines, lines[1:])]
 
 
