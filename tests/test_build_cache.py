@@ -108,7 +108,8 @@ def test_the_static_reading_follows_imports_in_functions_and_started_scripts(tmp
 
 def test_touching_train_gpu_changes_the_key_of_only_the_pages_that_can_see_it(monkeypatch):
     """The pages that start code/train_gpu.py or import it, and no others (the issue's static reading:
-    six pages, 12_3 simulating its step at full size). On the old code a change to any file of code/ changed every page's key."""
+    six pages, 12_3 simulating its step at full size). On the old code a change to any file of code/ changed
+    every page's key."""
     sees = {md.stem for md in book.chapters() if "code/train_gpu.py" in reads.page_files(md)}
     assert sees == {"08_1_bytes", "08_2_here", "10_gpu", "11_gpu_run", "11_2_mfu", "12_3_full_size"}
     before = cache.page_keys()
